@@ -1,0 +1,27 @@
+# shoal: build, test, regenerate the XDP objects, benchmark.
+GO ?= go
+
+.PHONY: all build test generate lab bench check
+
+all: build
+
+build:
+	$(GO) build -o bin/shoal ./cmd/shoal
+
+# The test command: unit, differential, namespace and lab tests. As root the
+# XDP and namespace tests run for real; otherwise they skip with a reason.
+test:
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 20m ./...
+
+# Regenerate the bpf2go output from filter/xdp/*.c (needs clang, llvm and
+# libbpf-dev: apt-get install clang llvm libbpf-dev).
+generate:
+	$(GO) generate ./...
+
+# The lab: a whole cluster in network namespaces, traffic, a pulled plug, a report.
+lab: build
+	./bin/shoal lab run
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...

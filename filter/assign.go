@@ -1,0 +1,188 @@
+package filter
+
+import (
+	"cmp"
+	"slices"
+)
+
+// Owners is the result of the ownership function for one view: the owner of
+// every bucket of every rule, NoNode where nobody may take new connections.
+type Owners struct {
+	Rules map[RuleID]*[NumBuckets]NodeID
+}
+
+// Assign computes every bucket's owner given the eligible nodes (live,
+// started, healthy). Every node that runs it with the same config and
+// eligible set gets the same answer.
+//
+// Multiple-host rules spread buckets with a balanced preference tree over
+// the registered nodes of positive weight: the buckets are split among those
+// nodes in exact proportion to their weights (largest remainder), each bucket
+// going to the node that scores it highest while that node has room; the
+// buckets of a node that is not eligible are split again, the same way, among
+// the others. A bucket's owner is thus the first eligible node of a fixed,
+// per-bucket preference order, so a node leaving moves exactly its own
+// buckets and a node coming back takes exactly those back; and because every
+// split is proportional, shares follow the weights for any set of failures,
+// not only on average.
+func Assign(c *Config, eligible []NodeID) *Owners {
+	elig := make(map[NodeID]bool, len(eligible))
+	for _, id := range eligible {
+		if c.Node(id) != nil {
+			elig[id] = true
+		}
+	}
+	o := &Owners{Rules: make(map[RuleID]*[NumBuckets]NodeID, len(c.Rules)+1)}
+	o.Rules[DefaultRule] = fill(defaultHost(c, elig))
+	for i := range c.Rules {
+		o.Rules[c.Rules[i].ID] = assignRule(c, &c.Rules[i], elig)
+	}
+	return o
+}
+
+func fill(id NodeID) *[NumBuckets]NodeID {
+	t := new([NumBuckets]NodeID)
+	if id != NoNode {
+		for b := range t {
+			t[b] = id
+		}
+	}
+	return t
+}
+
+// defaultHost is the eligible node with the lowest host priority.
+func defaultHost(c *Config, elig map[NodeID]bool) NodeID {
+	best, bestPrio := NoNode, 0
+	for i := range c.Nodes {
+		n := &c.Nodes[i]
+		if elig[n.ID] && (best == NoNode || n.HostPriority < bestPrio) {
+			best, bestPrio = n.ID, n.HostPriority
+		}
+	}
+	return best
+}
+
+func assignRule(c *Config, r *Rule, elig map[NodeID]bool) *[NumBuckets]NodeID {
+	if r.Mode == ModeDisabled || r.State != RuleEnabled {
+		return fill(NoNode)
+	}
+	takes := func(n *Node) bool { return elig[n.ID] && n.RuleOf(r.ID).State == RuleEnabled }
+	if r.Mode == ModeSingle {
+		best, bestPrio := NoNode, 0
+		for i := range c.Nodes {
+			n := &c.Nodes[i]
+			if p := n.RuleOf(r.ID).HandlingPriority; takes(n) && (best == NoNode || p < bestPrio) {
+				best, bestPrio = n.ID, p
+			}
+		}
+		return fill(best)
+	}
+	var cands []candidate
+	for i := range c.Nodes {
+		n := &c.Nodes[i]
+		if w := n.RuleOf(r.ID).Weight; w > 0 {
+			cands = append(cands, candidate{id: n.ID, weight: w, takes: takes(n)})
+		}
+	}
+	t := new([NumBuckets]NodeID)
+	all := make([]uint16, NumBuckets)
+	for b := range all {
+		all[b] = uint16(b)
+	}
+	s := splitter{seed: c.Seed ^ uint32(r.ID)*0x9e3779b9, owners: t}
+	s.spread(all, cands)
+	return t
+}
+
+type candidate struct {
+	id     NodeID
+	weight int
+	takes  bool // eligible for this rule
+}
+
+type splitter struct {
+	seed   uint32
+	owners *[NumBuckets]NodeID
+	keys   []uint64
+}
+
+// spread gives each bucket in buckets to a candidate, in proportion to the
+// weights, then hands the share of each candidate that does not take traffic
+// to the remaining candidates the same way.
+func (s *splitter) spread(buckets []uint16, cands []candidate) {
+	if len(buckets) == 0 || len(cands) == 0 {
+		return // owners stay NoNode
+	}
+	quota := apportion(len(buckets), cands, func(ci int) uint32 {
+		// Ties in rounding go by a hash of the group, so that the extra
+		// buckets of many small groups do not all fall to one node.
+		return Hash(s.seed, uint32(buckets[0])|1<<16, uint32(cands[ci].id))
+	})
+	// Every (bucket, candidate) pair, highest score first; a bucket goes to
+	// the first candidate that still has room.
+	s.keys = s.keys[:0]
+	for ci, cd := range cands {
+		for _, b := range buckets {
+			score := Hash(s.seed, uint32(b), uint32(cd.id))
+			s.keys = append(s.keys, uint64(score)<<32|uint64(b)<<16|uint64(ci))
+		}
+	}
+	slices.Sort(s.keys)
+	var taken [NumBuckets / 64]uint64
+	groups := make([][]uint16, len(cands))
+	for i := len(s.keys) - 1; i >= 0; i-- {
+		k := s.keys[i]
+		b, ci := uint16(k>>16), int(k&0xffff)
+		if taken[b/64]&(1<<(b%64)) != 0 || len(groups[ci]) == quota[ci] {
+			continue
+		}
+		taken[b/64] |= 1 << (b % 64)
+		groups[ci] = append(groups[ci], b)
+	}
+	for ci, cd := range cands {
+		if cd.takes {
+			for _, b := range groups[ci] {
+				s.owners[b] = cd.id
+			}
+			continue
+		}
+		if len(groups[ci]) == 0 {
+			continue
+		}
+		rest := make([]candidate, 0, len(cands)-1)
+		rest = append(rest, cands[:ci]...)
+		rest = append(rest, cands[ci+1:]...)
+		s.spread(groups[ci], rest)
+	}
+}
+
+// apportion splits n among the candidates in proportion to their weights,
+// by largest remainder (ties broken by tie), so the parts sum to n.
+func apportion(n int, cands []candidate, tie func(int) uint32) []int {
+	total := 0
+	for _, c := range cands {
+		total += c.weight
+	}
+	quota := make([]int, len(cands))
+	rem := make([]int, len(cands))
+	left := n
+	for i, c := range cands {
+		quota[i] = n * c.weight / total
+		rem[i] = n * c.weight % total
+		left -= quota[i]
+	}
+	order := make([]int, len(cands))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if rem[a] != rem[b] {
+			return rem[b] - rem[a]
+		}
+		return cmp.Compare(tie(b), tie(a))
+	})
+	for i := 0; i < left; i++ {
+		quota[order[i]]++
+	}
+	return quota
+}

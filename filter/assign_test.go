@@ -1,0 +1,266 @@
+package filter
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+)
+
+func testConfig(weights ...int) *Config {
+	c := &Config{Seed: 0x5eed, VIPs: []netip.Addr{netip.MustParseAddr("198.18.0.100")}}
+	c.Rules = []Rule{{ID: 1, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Mode: ModeMultiple, Affinity: AffinityNone}}
+	for i, w := range weights {
+		c.Nodes = append(c.Nodes, Node{ID: NodeID(i + 1), HostPriority: i + 1,
+			Rules: map[RuleID]NodeRule{1: {Weight: w}}})
+	}
+	return c
+}
+
+func ids(n int) []NodeID {
+	out := make([]NodeID, n)
+	for i := range out {
+		out[i] = NodeID(i + 1)
+	}
+	return out
+}
+
+// flowShares sends n random flows through the table and returns each node's share.
+func flowShares(t *testing.T, c *Config, o *Owners, n int) map[NodeID]float64 {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	counts := map[NodeID]int{}
+	table := o.Rules[1]
+	for i := 0; i < n; i++ {
+		b := Bucket(c.Seed, AffinityNone, rng.Uint32(), uint16(rng.Uint32()))
+		counts[table[b]]++
+	}
+	shares := map[NodeID]float64{}
+	for id, k := range counts {
+		shares[id] = float64(k) / float64(n)
+	}
+	return shares
+}
+
+func TestBalanceEqualWeights(t *testing.T) {
+	for _, n := range []int{2, 3, 5, 8, 16, 32, 64} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			w := make([]int, n)
+			for i := range w {
+				w[i] = DefaultWeight
+			}
+			c := testConfig(w...)
+			o := Assign(c, ids(n))
+			shares := flowShares(t, c, o, 1_000_000)
+			mean := 1.0 / float64(n)
+			for id := range ids(n) {
+				if s := shares[NodeID(id+1)]; s > 1.02*mean {
+					t.Errorf("node %d serves %.4f of flows, over 1.02x the mean %.4f", id+1, s, mean)
+				}
+			}
+			if shares[NoNode] != 0 {
+				t.Errorf("%.4f of flows have no owner", shares[NoNode])
+			}
+		})
+	}
+}
+
+func TestBalanceAfterFailures(t *testing.T) {
+	// The busiest survivor stays within 1.02x the mean whichever nodes fail.
+	c := testConfig(50, 50, 50, 50, 50, 50, 50, 50)
+	for _, down := range [][]NodeID{{1}, {8}, {2, 5}, {1, 2, 3}, {3, 4, 6, 8}} {
+		t.Run(fmt.Sprint(down), func(t *testing.T) {
+			var up []NodeID
+			for _, id := range ids(8) {
+				if !contains(down, id) {
+					up = append(up, id)
+				}
+			}
+			shares := flowShares(t, c, Assign(c, up), 1_000_000)
+			mean := 1.0 / float64(len(up))
+			for _, id := range up {
+				if shares[id] > 1.02*mean {
+					t.Errorf("node %d serves %.4f, over 1.02x the mean %.4f", id, shares[id], mean)
+				}
+			}
+			for _, id := range down {
+				if shares[id] != 0 {
+					t.Errorf("failed node %d still owns %.4f", id, shares[id])
+				}
+			}
+		})
+	}
+}
+
+func contains(s []NodeID, id NodeID) bool {
+	for _, x := range s {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func TestWeightsHonoured(t *testing.T) {
+	tests := []struct {
+		name    string
+		weights []int
+	}{
+		{"100/50/0", []int{100, 50, 0}},
+		{"100/50/25", []int{100, 50, 25}},
+		{"10/90", []int{10, 90}},
+		{"1/100/100/100", []int{1, 100, 100, 100}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testConfig(tc.weights...)
+			shares := flowShares(t, c, Assign(c, ids(len(tc.weights))), 1_000_000)
+			total := 0
+			for _, w := range tc.weights {
+				total += w
+			}
+			for i, w := range tc.weights {
+				want := float64(w) / float64(total)
+				got := shares[NodeID(i+1)]
+				if d := got - want; d > 0.01 || d < -0.01 {
+					t.Errorf("node %d weight %d: share %.4f, want %.4f +- 0.01", i+1, w, got, want)
+				}
+				if w == 0 && got != 0 {
+					t.Errorf("node %d has weight 0 but owns %.4f of new flows", i+1, got)
+				}
+			}
+		})
+	}
+}
+
+// movedBuckets counts the buckets of rule 1 whose owner differs.
+func movedBuckets(a, b *Owners) (moved int, from map[NodeID]int) {
+	from = map[NodeID]int{}
+	ta, tb := a.Rules[1], b.Rules[1]
+	for i := range ta {
+		if ta[i] != tb[i] {
+			moved++
+			from[ta[i]]++
+		}
+	}
+	return moved, from
+}
+
+func TestLeaveMovesOnlyItsBuckets(t *testing.T) {
+	for _, n := range []int{2, 3, 8, 32} {
+		c := testConfig(make([]int, n)...)
+		for i := range c.Nodes {
+			c.Nodes[i].Rules[1] = NodeRule{Weight: 20 + 10*(i%5)}
+		}
+		before := Assign(c, ids(n))
+		for leaver := NodeID(1); leaver <= NodeID(n); leaver++ {
+			var up []NodeID
+			for _, id := range ids(n) {
+				if id != leaver {
+					up = append(up, id)
+				}
+			}
+			after := Assign(c, up)
+			moved, from := movedBuckets(before, after)
+			own := before.Owned(leaver)[1].Count()
+			if moved != own || from[leaver] != own {
+				t.Errorf("n=%d node %d leaves: %d buckets moved (%v), want exactly its %d", n, leaver, moved, from, own)
+			}
+		}
+	}
+}
+
+func TestJoinMovesAtMostItsShare(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 7, 31, 63} {
+		c := testConfig(make([]int, n+1)...)
+		for i := range c.Nodes {
+			c.Nodes[i].Rules[1] = NodeRule{Weight: DefaultWeight}
+		}
+		all := ids(n + 1)
+		before := Assign(c, all[:n])
+		after := Assign(c, all)
+		moved, _ := movedBuckets(before, after)
+		limit := (1.0/float64(n+1) + 0.01) * NumBuckets
+		if float64(moved) > limit {
+			t.Errorf("join to %d nodes moved %d buckets, over %.0f", n, moved, limit)
+		}
+		if got := after.Owned(NodeID(n + 1))[1].Count(); got != moved {
+			t.Errorf("join to %d nodes: %d moved but the newcomer owns %d", n, moved, got)
+		}
+	}
+}
+
+func TestRegistryGrowthChurn(t *testing.T) {
+	// Registering a new node (before it is eligible) changes the preference
+	// tree; a user sees it as buckets moving between running nodes, which
+	// the dirty/draining states make safe. Keep it bounded.
+	for _, n := range []int{3, 8, 32} {
+		c := testConfig(make([]int, n)...)
+		for i := range c.Nodes {
+			c.Nodes[i].Rules[1] = NodeRule{Weight: DefaultWeight}
+		}
+		before := Assign(c, ids(n))
+		grown := testConfig(make([]int, n+1)...)
+		for i := range grown.Nodes {
+			grown.Nodes[i].Rules[1] = NodeRule{Weight: DefaultWeight}
+		}
+		after := Assign(grown, ids(n))
+		moved, _ := movedBuckets(before, after)
+		t.Logf("n=%d: registering node %d moves %d of %d buckets among running nodes", n, n+1, moved, NumBuckets)
+		if float64(moved) > 2.0/float64(n+1)*NumBuckets {
+			t.Errorf("registering a node to %d moved %d buckets, over 2/(N+1)", n, moved)
+		}
+	}
+}
+
+func TestSingleHostAndDefaultHost(t *testing.T) {
+	c := testConfig(50, 50, 50)
+	c.Rules[0].Mode = ModeSingle
+	c.Nodes[0].Rules[1] = NodeRule{Weight: 50, HandlingPriority: 3}
+	c.Nodes[1].Rules[1] = NodeRule{Weight: 50, HandlingPriority: 1}
+	c.Nodes[2].Rules[1] = NodeRule{Weight: 50, HandlingPriority: 2}
+	tests := []struct {
+		name          string
+		up            []NodeID
+		single, deflt NodeID
+	}{
+		{"all up", []NodeID{1, 2, 3}, 2, 1},
+		{"2 down", []NodeID{1, 3}, 3, 1},
+		{"1 down", []NodeID{2, 3}, 2, 2},
+		{"none", nil, NoNode, NoNode},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Assign(c, tc.up)
+			for b := 0; b < NumBuckets; b++ {
+				if got := o.Rules[1][b]; got != tc.single {
+					t.Fatalf("single-host bucket %d owner %d, want %d", b, got, tc.single)
+				}
+				if got := o.Rules[DefaultRule][b]; got != tc.deflt {
+					t.Fatalf("default bucket %d owner %d, want %d", b, got, tc.deflt)
+				}
+			}
+		})
+	}
+}
+
+func TestDisabledAndDrainingRules(t *testing.T) {
+	c := testConfig(50, 50)
+	c.Rules[0].State = RuleDraining
+	for _, id := range ids(2) {
+		if got := Assign(c, ids(2)).Owned(id)[1]; got != nil {
+			t.Errorf("draining rule gives node %d %d new buckets, want none", id, got.Count())
+		}
+	}
+	// A node draining one rule keeps the tree: the other takes exactly its buckets.
+	c = testConfig(50, 50)
+	before := Assign(c, ids(2))
+	c.Nodes[0].Rules[1] = NodeRule{Weight: 50, State: RuleDraining}
+	after := Assign(c, ids(2))
+	if after.Owned(1)[1] != nil {
+		t.Errorf("node 1 drains rule 1 but still owns buckets")
+	}
+	if moved, _ := movedBuckets(before, after); moved != before.Owned(1)[1].Count() {
+		t.Errorf("node drain moved %d buckets, want %d", moved, before.Owned(1)[1].Count())
+	}
+}

@@ -1,0 +1,155 @@
+package filter
+
+import "math/bits"
+
+// Bitmap is a set of buckets of one rule.
+type Bitmap [NumBuckets / 64]uint64
+
+// Has reports whether bucket b is in the set.
+func (m *Bitmap) Has(b uint16) bool { return m[b/64]&(1<<(b%64)) != 0 }
+
+// Add puts bucket b in the set.
+func (m *Bitmap) Add(b uint16) { m[b/64] |= 1 << (b % 64) }
+
+// Count returns the number of buckets in the set.
+func (m *Bitmap) Count() int {
+	n := 0
+	for _, w := range m {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+// Set is a set of (rule, bucket) pairs. A missing rule is an empty set.
+type Set map[RuleID]*Bitmap
+
+// Has reports whether bucket b of rule id is in the set.
+func (s Set) Has(id RuleID, b uint16) bool {
+	m := s[id]
+	return m != nil && m.Has(b)
+}
+
+// Add puts bucket b of rule id in the set.
+func (s Set) Add(id RuleID, b uint16) {
+	m := s[id]
+	if m == nil {
+		m = new(Bitmap)
+		s[id] = m
+	}
+	m.Add(b)
+}
+
+// Count returns the number of pairs in the set.
+func (s Set) Count() int {
+	n := 0
+	for _, m := range s {
+		n += m.Count()
+	}
+	return n
+}
+
+// Intersect returns the pairs in both s and o.
+func (s Set) Intersect(o Set) Set {
+	out := Set{}
+	for id, m := range s {
+		om := o[id]
+		if om == nil {
+			continue
+		}
+		var r Bitmap
+		any := false
+		for i := range r {
+			r[i] = m[i] & om[i]
+			any = any || r[i] != 0
+		}
+		if any {
+			out[id] = &r
+		}
+	}
+	return out
+}
+
+// Equal reports whether s and o hold the same pairs.
+func (s Set) Equal(o Set) bool {
+	return s.Intersect(o).Count() == s.Count() && s.Count() == o.Count()
+}
+
+// Owned returns the buckets that node me owns.
+func (o *Owners) Owned(me NodeID) Set {
+	s := Set{}
+	for id, t := range o.Rules {
+		for b, n := range t {
+			if n == me {
+				s.Add(id, uint16(b))
+			}
+		}
+	}
+	return s
+}
+
+// BucketState is what a node does with packets of one bucket.
+type BucketState uint8
+
+// Bucket states, as DESIGN.md defines them.
+const (
+	NotOwned   BucketState = iota // accept nothing
+	Owned                         // accept everything
+	OwnedDirty                    // accept SYNs and packets of connections I hold
+	Draining                      // accept only packets of connections I hold
+)
+
+func (s BucketState) String() string {
+	switch s {
+	case NotOwned:
+		return "not-owned"
+	case Owned:
+		return "owned"
+	case OwnedDirty:
+		return "owned-dirty"
+	case Draining:
+		return "draining"
+	}
+	return "invalid"
+}
+
+// Tables is one node's complete data-plane input: the config that maps
+// packets to rules and buckets, and the node's state for every bucket.
+type Tables struct {
+	Config *Config
+	States map[RuleID]*[NumBuckets]BucketState
+}
+
+// NewTables computes node me's bucket states. accept is its accepting set
+// (from convergence), peersDraining the buckets other nodes still hold
+// connections in, myDraining the buckets it holds connections in itself.
+// A rule disabled cluster-wide, or on this node, accepts nothing at all.
+func NewTables(c *Config, me NodeID, accept, peersDraining, myDraining Set) *Tables {
+	t := &Tables{Config: c, States: make(map[RuleID]*[NumBuckets]BucketState, len(c.Rules)+1)}
+	node := c.Node(me)
+	for _, id := range c.RuleIDs() {
+		st := new([NumBuckets]BucketState)
+		t.States[id] = st
+		if disabled(c, node, id) {
+			continue
+		}
+		for b := range st {
+			bk := uint16(b)
+			switch {
+			case accept.Has(id, bk) && peersDraining.Has(id, bk):
+				st[b] = OwnedDirty
+			case accept.Has(id, bk):
+				st[b] = Owned
+			case myDraining.Has(id, bk):
+				st[b] = Draining
+			}
+		}
+	}
+	return t
+}
+
+func disabled(c *Config, node *Node, id RuleID) bool {
+	if r := c.Rule(id); r != nil && (r.Mode == ModeDisabled || r.State == RuleDisabled) {
+		return true
+	}
+	return node != nil && node.RuleOf(id).State == RuleDisabled
+}
