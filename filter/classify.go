@@ -1,0 +1,271 @@
+package filter
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+
+	"github.com/google/gopacket/layers"
+)
+
+// ConnLookup answers the one question the data plane asks the kernel's
+// socket table (in XDP: bpf_skc_lookup_tcp).
+type ConnLookup interface {
+	// HoldsConn reports whether this node holds a TCP socket that is not a
+	// listener (established, SYN_RECV, TIME_WAIT, ...) for the connection
+	// from client to vip.
+	HoldsConn(client, vip netip.AddrPort) bool
+}
+
+// NoConns is a ConnLookup for a node that holds no connections.
+type NoConns struct{}
+
+// HoldsConn always reports false.
+func (NoConns) HoldsConn(client, vip netip.AddrPort) bool { return false }
+
+// Classifier is the reference data plane: the XDP program's verdicts,
+// computed in Go from Tables. Tests compare the two frame by frame, and
+// `shoal simulate` uses it to explain what a node would do with a packet.
+//
+// It parses by hand with encoding/binary (the gopacket decoders reject
+// packets over IPv4 and TCP option details, and read an IPv4 total length of
+// zero as "TSO", which the kernel program does not do, so a reference built
+// on them would be a different function); gopacket supplies the protocol
+// numbers here and builds the frames in the tests.
+//
+// The rules, identical in filter/xdp/shoal.c:
+//   - Ethernet with at most one 802.1Q tag, then IPv4; anything else, or an
+//     IPv4 header shorter than 20 bytes, passes. So does an IPv4 packet whose
+//     destination is not a VIP.
+//   - To a VIP, the IPv4 header must be sane (version 4, IHL >= 5, header
+//     within total length, total length within the frame, trailing Ethernet
+//     padding allowed); a broken one is dropped as malformed, counted under
+//     DefaultRule. So are TCP shorter than 20 bytes or with a data offset
+//     outside the segment, UDP or ICMP shorter than 8 bytes, and an ICMP
+//     error whose embedded IPv4 header is broken.
+//   - Fragments (MF or an offset): the rule for destination port 0 of the
+//     protocol (TCP and UDP; DefaultRule for others), key (client IP, 0).
+//   - TCP and UDP: the rule for the destination port, key by its affinity.
+//   - ICMP errors (destination unreachable, time exceeded, parameter
+//     problem) about a packet sent from a VIP are judged as the packets of
+//     the embedded flow would be: the client is the embedded destination.
+//     Other ICMP and other protocols: DefaultRule, key (client IP, 0).
+//   - A disabled rule drops. Then by bucket state: Owned accepts, NotOwned
+//     drops; OwnedDirty accepts a SYN (SYN without ACK), other TCP only for
+//     a connection this node holds, and everything else; Draining accepts
+//     TCP only for a connection this node holds, nothing else. Fragments
+//     count as "everything else" (they carry no ports to look up).
+type Classifier struct {
+	t     *Tables
+	mac   [6]byte
+	conns ConnLookup
+}
+
+// NewClassifier returns a classifier for a node with tables t whose cluster
+// interface has MAC ifMAC. conns may be nil for a node with no connections.
+func NewClassifier(t *Tables, ifMAC net.HardwareAddr, conns ConnLookup) *Classifier {
+	c := &Classifier{t: t, conns: conns}
+	copy(c.mac[:], ifMAC)
+	if c.conns == nil {
+		c.conns = NoConns{}
+	}
+	return c
+}
+
+// flow is what the state rules need to know of a packet.
+type flow struct {
+	rule   RuleID
+	a, b   uint32 // key words
+	tcp    bool   // a TCP packet with a known 4-tuple (or an ICMP error about one)
+	syn    bool
+	client netip.AddrPort
+	vip    netip.AddrPort
+}
+
+// Classify judges frame. On Accept it rewrites the destination MAC of frame
+// in place, as the XDP program does; frame is otherwise untouched. It does
+// not allocate.
+func (c *Classifier) Classify(frame []byte) Result {
+	if len(frame) < 14 {
+		return Result{Verdict: Pass}
+	}
+	et := layers.EthernetType(binary.BigEndian.Uint16(frame[12:14]))
+	off := 14
+	if et == layers.EthernetTypeDot1Q {
+		if len(frame) < 18 {
+			return Result{Verdict: Pass}
+		}
+		et = layers.EthernetType(binary.BigEndian.Uint16(frame[16:18]))
+		off = 18
+	}
+	if et != layers.EthernetTypeIPv4 {
+		return Result{Verdict: Pass}
+	}
+	ip := frame[off:]
+	if len(ip) < 20 {
+		return Result{Verdict: Pass}
+	}
+	dst := addr4(ip[16:20])
+	if !c.isVIP(dst) {
+		return Result{Verdict: Pass}
+	}
+	f, ok := c.parse(ip, dst)
+	if !ok {
+		return Result{Verdict: Drop, Reason: DropMalformed, Rule: DefaultRule}
+	}
+	cfg := c.t.Config
+	bucket := uint16(Hash(cfg.Seed, f.a, f.b) & BucketMask)
+	res := Result{Rule: f.rule, Bucket: bucket}
+	if st := c.t.States[f.rule]; st != nil {
+		res.State = st[bucket]
+	}
+	res.Verdict, res.Reason = c.judge(&f, res.State)
+	if res.Verdict == Accept {
+		copy(frame[0:6], c.mac[:])
+	}
+	return res
+}
+
+func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
+	if r := c.t.Config.Rule(f.rule); r != nil && (r.Mode == ModeDisabled || r.State == RuleDisabled) {
+		return Drop, DropDisabled
+	}
+	switch st {
+	case Owned:
+		return Accept, NoReason
+	case OwnedDirty:
+		if !f.tcp || f.syn || c.conns.HoldsConn(f.client, f.vip) {
+			return Accept, NoReason
+		}
+		return Drop, DropDirtyNoConn
+	case Draining:
+		if f.tcp && c.conns.HoldsConn(f.client, f.vip) {
+			return Accept, NoReason
+		}
+		return Drop, DropDrainNoConn
+	}
+	return Drop, DropNotOwned
+}
+
+// parse reads the flow of an IPv4 packet to VIP dst; ok is false when the
+// packet is malformed.
+func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(ip[2:4]))
+	if ip[0]>>4 != 4 || ihl < 20 || total < ihl || total > len(ip) {
+		return f, false
+	}
+	srcRaw := binary.BigEndian.Uint32(ip[12:16])
+	proto := layers.IPProtocol(ip[9])
+	l4 := ip[ihl:total]
+	cfg := c.t.Config
+	if binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 { // MF or offset
+		f.rule = DefaultRule
+		if p := protoOf(proto); p != 0 {
+			f.rule, _ = cfg.Lookup(dst, p, 0)
+		}
+		f.a = srcRaw
+		return f, true
+	}
+	switch proto {
+	case layers.IPProtocolTCP, layers.IPProtocolUDP:
+		if proto == layers.IPProtocolTCP {
+			if len(l4) < 20 {
+				return f, false
+			}
+			doff := int(l4[12]>>4) * 4
+			if doff < 20 || doff > len(l4) {
+				return f, false
+			}
+		} else if len(l4) < 8 {
+			return f, false
+		}
+		sport := binary.BigEndian.Uint16(l4[0:2])
+		dport := binary.BigEndian.Uint16(l4[2:4])
+		f.rule, _ = cfg.Lookup(dst, protoOf(proto), dport)
+		f.a, f.b = FlowKey(cfg.Affinity(f.rule), srcRaw, sport)
+		if proto == layers.IPProtocolTCP {
+			f.tcp = true
+			f.syn = l4[13]&0x12 == 0x02 // SYN without ACK
+			f.client = netip.AddrPortFrom(addr4(ip[12:16]), sport)
+			f.vip = netip.AddrPortFrom(dst, dport)
+		}
+		return f, true
+	case layers.IPProtocolICMPv4:
+		if len(l4) < 8 {
+			return f, false
+		}
+		switch layers.ICMPv4TypeCode(uint16(l4[0]) << 8).Type() {
+		case layers.ICMPv4TypeDestinationUnreachable, layers.ICMPv4TypeTimeExceeded,
+			layers.ICMPv4TypeParameterProblem:
+			return c.parseEmbedded(l4[8:], srcRaw)
+		}
+	}
+	f.rule, f.a = DefaultRule, srcRaw
+	return f, true
+}
+
+// parseEmbedded reads the flow of the packet an ICMP error quotes. The
+// quoted packet went from a VIP to a client, so the client is its
+// destination. An error quoting a packet not sent from a VIP is keyed like
+// any other ICMP packet, by the sender (outerSrc).
+func (c *Classifier) parseEmbedded(e []byte, outerSrc uint32) (f flow, ok bool) {
+	if len(e) < 20 {
+		return f, false
+	}
+	ihl := int(e[0]&0x0f) * 4
+	if e[0]>>4 != 4 || ihl < 20 || ihl > len(e) {
+		return f, false
+	}
+	vip := addr4(e[12:16])
+	if !c.isVIP(vip) {
+		f.rule, f.a = DefaultRule, outerSrc
+		return f, true
+	}
+	clientRaw := binary.BigEndian.Uint32(e[16:20])
+	proto := protoOf(layers.IPProtocol(e[9]))
+	cfg := c.t.Config
+	switch {
+	case proto == 0:
+		f.rule, f.a = DefaultRule, clientRaw
+		return f, true
+	case binary.BigEndian.Uint16(e[6:8])&0x1fff != 0: // a later fragment: no ports
+		f.rule, _ = cfg.Lookup(vip, proto, 0)
+		f.a = clientRaw
+		return f, true
+	}
+	if len(e) < ihl+4 {
+		return f, false
+	}
+	vport := binary.BigEndian.Uint16(e[ihl : ihl+2])
+	cport := binary.BigEndian.Uint16(e[ihl+2 : ihl+4])
+	f.rule, _ = cfg.Lookup(vip, proto, vport)
+	f.a, f.b = FlowKey(cfg.Affinity(f.rule), clientRaw, cport)
+	if proto == ProtoTCP {
+		f.tcp = true
+		f.client = netip.AddrPortFrom(addr4(e[16:20]), cport)
+		f.vip = netip.AddrPortFrom(vip, vport)
+	}
+	return f, true
+}
+
+func (c *Classifier) isVIP(a netip.Addr) bool {
+	for _, v := range c.t.Config.VIPs {
+		if v == a {
+			return true
+		}
+	}
+	return false
+}
+
+func protoOf(p layers.IPProtocol) Protocol {
+	switch p {
+	case layers.IPProtocolTCP:
+		return ProtoTCP
+	case layers.IPProtocolUDP:
+		return ProtoUDP
+	}
+	return 0
+}
+
+func addr4(b []byte) netip.Addr { return netip.AddrFrom4([4]byte(b)) }

@@ -1,0 +1,111 @@
+package filter
+
+import "fmt"
+
+// Verdict is what the data plane does with a frame.
+type Verdict uint8
+
+// Verdicts. Their values are not XDP action codes; use XDPAction for those.
+const (
+	// Pass: not VIP traffic (another address, ARP, IPv6, unparsable); the
+	// frame goes to the kernel untouched.
+	Pass Verdict = iota
+	// Accept: VIP traffic this node owns; the destination MAC is rewritten
+	// to the interface's MAC and the frame goes to the kernel.
+	Accept
+	// Drop: VIP traffic this node must not take.
+	Drop
+)
+
+// XDP action codes, as the kernel defines them.
+const (
+	xdpDrop = 1
+	xdpPass = 2
+)
+
+// XDPAction returns the XDP action code the program returns for v.
+func (v Verdict) XDPAction() uint32 {
+	if v == Drop {
+		return xdpDrop
+	}
+	return xdpPass
+}
+
+func (v Verdict) String() string {
+	switch v {
+	case Pass:
+		return "pass"
+	case Accept:
+		return "accept"
+	case Drop:
+		return "drop"
+	}
+	return fmt.Sprintf("verdict(%d)", uint8(v))
+}
+
+// DropReason says why VIP traffic was dropped. The values index the
+// per-rule drop counters of the XDP program (filter/xdp/shoal.c).
+type DropReason uint8
+
+// Drop reasons.
+const (
+	NoReason        DropReason = iota // not dropped
+	DropNotOwned                      // bucket is NotOwned
+	DropDirtyNoConn                   // OwnedDirty bucket, TCP non-SYN with no local connection
+	DropDrainNoConn                   // Draining bucket, no local connection (always for UDP and other traffic)
+	DropDisabled                      // the rule is disabled cluster-wide
+	DropMalformed                     // VIP traffic with a broken IPv4, TCP, UDP or ICMP header
+	NumDropReasons                    // number of reasons, NoReason included
+)
+
+func (r DropReason) String() string {
+	switch r {
+	case NoReason:
+		return "none"
+	case DropNotOwned:
+		return "not-owned"
+	case DropDirtyNoConn:
+		return "dirty-no-conn"
+	case DropDrainNoConn:
+		return "draining-no-conn"
+	case DropDisabled:
+		return "disabled"
+	case DropMalformed:
+		return "malformed"
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// Result is the data plane's judgement of one frame. Rule, Bucket and State
+// are set for Accept and for Drop (a malformed frame counts under
+// DefaultRule with bucket 0).
+type Result struct {
+	Verdict Verdict
+	Reason  DropReason
+	Rule    RuleID
+	Bucket  uint16
+	State   BucketState
+}
+
+// RuleCounters counts the VIP packets one rule's buckets judged.
+type RuleCounters struct {
+	Accepted uint64
+	Dropped  [NumDropReasons]uint64 // indexed by DropReason; NoReason stays 0
+}
+
+// Counters holds packet counts by rule. Pass verdicts are not counted.
+type Counters map[RuleID]RuleCounters
+
+// Count adds one judgement to the counters, as the XDP program does.
+func (c Counters) Count(r Result) {
+	if r.Verdict == Pass {
+		return
+	}
+	rc := c[r.Rule]
+	if r.Verdict == Accept {
+		rc.Accepted++
+	} else {
+		rc.Dropped[r.Reason]++
+	}
+	c[r.Rule] = rc
+}

@@ -1,0 +1,347 @@
+//go:build linux
+
+package filter
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+)
+
+// Capacities of the XDP program's tables (the same numbers are in
+// xdp/shoal.c). Update refuses tables that exceed them with ErrCapacity.
+const (
+	MaxVIPs  = 16  // VIPs per cluster
+	MaxRules = 127 // port rules, DefaultRule not counted
+	maxSlots = MaxRules + 1
+)
+
+// ErrCapacity is returned by Update when the tables hold more VIPs or port
+// rules than the XDP program has room for.
+var ErrCapacity = errors.New("tables exceed the data plane's capacity")
+
+// AttachMode is how the program is attached to an interface.
+type AttachMode string
+
+// Attach modes.
+const (
+	AttachNone    AttachMode = ""        // not attached
+	AttachNative  AttachMode = "native"  // in the driver (XDP_FLAGS_DRV_MODE)
+	AttachGeneric AttachMode = "generic" // on the skb (XDP_FLAGS_SKB_MODE)
+)
+
+// XDP is the loaded data plane: the program, its tables and, once
+// attached, its link to an interface. Its methods are safe for concurrent
+// use.
+type XDP struct {
+	mu      sync.Mutex
+	objs    shoalObjects
+	link    link.Link
+	mode    AttachMode
+	version uint32            // the version packets are judged by
+	slots   map[RuleID]uint32 // rule -> table slot and counter index
+	vips    [2][]uint32       // VIP keys written in each version
+}
+
+// LoadXDP loads the XDP program and its tables into the kernel. It judges
+// nothing until Update gives it tables (until then all traffic passes), and
+// sees no packets until Attach. Needs CAP_BPF and CAP_NET_ADMIN.
+func LoadXDP() (*XDP, error) {
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("load xdp: remove memlock limit: %w", err)
+	}
+	x := &XDP{slots: map[RuleID]uint32{DefaultRule: 0}}
+	if err := loadShoalObjects(&x.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load xdp: %+v", ve)
+		}
+		return nil, fmt.Errorf("load xdp (are you root, on a kernel with BPF?): %w", err)
+	}
+	return x, nil
+}
+
+// Program returns the XDP program, for prog.Run and prog.Benchmark.
+func (x *XDP) Program() *ebpf.Program { return x.objs.ShoalXdp }
+
+// Run runs the program on frame (in the network namespace of the calling
+// thread, which the socket lookup uses) and returns the XDP action and the
+// frame as the program left it.
+func (x *XDP) Run(frame []byte) (action uint32, out []byte, err error) {
+	out = make([]byte, len(frame)+256)
+	opts := ebpf.RunOptions{Data: frame, DataOut: out}
+	ret, err := x.objs.ShoalXdp.Run(&opts)
+	if err != nil {
+		return 0, nil, fmt.Errorf("run xdp program: %w", err)
+	}
+	return ret, opts.DataOut, nil
+}
+
+// Attach attaches the program to interface ifname in a mode that delivers
+// accepted packets to the stack: generic XDP on veth (native XDP on veth
+// keeps the stale multicast packet type after the MAC rewrite, and TCP
+// drops the packet), native on other drivers, falling back to generic
+// where the driver has no XDP support. Call Update first.
+func (x *XDP) Attach(ifname string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.link != nil {
+		return fmt.Errorf("attach xdp to %s: already attached", ifname)
+	}
+	ifc, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
+	}
+	opts := link.XDPOptions{Program: x.objs.ShoalXdp, Interface: ifc.Index}
+	if driverOf(ifname) != "veth" {
+		opts.Flags = link.XDPDriverMode
+		if l, err := link.AttachXDP(opts); err == nil {
+			x.link, x.mode = l, AttachNative
+			return nil
+		}
+	}
+	opts.Flags = link.XDPGenericMode
+	l, err := link.AttachXDP(opts)
+	if err != nil {
+		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
+	}
+	x.link, x.mode = l, AttachGeneric
+	return nil
+}
+
+// Mode returns how the program is attached, AttachNone when it is not.
+func (x *XDP) Mode() AttachMode {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.mode
+}
+
+// Detach removes the program from its interface; the tables stay loaded.
+func (x *XDP) Detach() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.link == nil {
+		return nil
+	}
+	err := x.link.Close()
+	x.link, x.mode = nil, AttachNone
+	if err != nil {
+		return fmt.Errorf("detach xdp: %w", err)
+	}
+	return nil
+}
+
+// Close detaches the program and frees it and its tables.
+func (x *XDP) Close() error {
+	err := x.Detach()
+	if cerr := x.objs.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close xdp objects: %w", cerr)
+	}
+	return err
+}
+
+// Update makes t the tables packets are judged by, and ifMAC the
+// destination MAC accepted frames get. The switch is atomic: it writes the
+// inactive copy of every table, flips the index the program reads once per
+// packet, then waits until no packet is still being judged by the old
+// copy, so that when Update returns the old tables are out of use. On error
+// the active tables are unchanged.
+func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
+	c := t.Config
+	switch {
+	case len(ifMAC) != 6:
+		return fmt.Errorf("update xdp tables: interface mac %q is not 6 bytes", ifMAC)
+	case len(c.VIPs) > MaxVIPs:
+		return fmt.Errorf("update xdp tables: %d VIPs, at most %d: %w", len(c.VIPs), MaxVIPs, ErrCapacity)
+	case len(c.Rules) > MaxRules:
+		return fmt.Errorf("update xdp tables: %d port rules, at most %d: %w", len(c.Rules), MaxRules, ErrCapacity)
+	}
+	for _, v := range c.VIPs {
+		if !v.Is4() {
+			return fmt.Errorf("update xdp tables: vip %s is not IPv4", v)
+		}
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	next := x.version ^ 1
+	slots, fresh := x.assignSlots(c)
+	for _, s := range fresh {
+		if err := x.zeroCounters(s); err != nil {
+			return err
+		}
+	}
+
+	set := shoalSettings{Seed: c.Seed}
+	copy(set.Mac[:], ifMAC)
+	if err := x.objs.Settings.Update(next, &set, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("update xdp settings: %w", err)
+	}
+	var bt shoalBucketTable
+	for id, s := range slots {
+		ri := shoalRuleInfo{Id: uint32(id), Affinity: uint8(c.Affinity(id))}
+		if r := c.Rule(id); r != nil && (r.Mode == ModeDisabled || r.State == RuleDisabled) {
+			ri.Disabled = 1
+		}
+		key := next*maxSlots + s
+		if err := x.objs.Rules.Update(key, &ri, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update xdp rule %d: %w", id, err)
+		}
+		bt = shoalBucketTable{}
+		if st := t.States[id]; st != nil {
+			for b, v := range st {
+				bt.State[b] = uint8(v)
+			}
+		}
+		if err := x.objs.Buckets.Update(key, &bt, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update xdp buckets of rule %d: %w", id, err)
+		}
+	}
+	pt := new(shoalPortTable)
+	for i, v := range c.VIPs {
+		for pi, p := range []Protocol{ProtoTCP, ProtoUDP} {
+			fillPorts(&pt.Slot, c, v, p, slots)
+			key := (next*MaxVIPs+uint32(i))*2 + uint32(pi)
+			if err := x.objs.Ports.Update(key, pt, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("update xdp ports of vip %s: %w", v, err)
+			}
+		}
+	}
+	for _, a := range x.vips[next] {
+		if err := x.objs.Vips.Delete(shoalVipKey{Version: next, Addr: a}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("update xdp vips: %w", err)
+		}
+	}
+	x.vips[next] = nil
+	for i, v := range c.VIPs {
+		b := v.As4()
+		a := binary.NativeEndian.Uint32(b[:]) // the address bytes as they sit in the packet
+		if err := x.objs.Vips.Update(shoalVipKey{Version: next, Addr: a}, uint32(i), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update xdp vip %s: %w", v, err)
+		}
+		x.vips[next] = append(x.vips[next], a)
+	}
+
+	if err := x.objs.Active.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("flip xdp tables: %w", err)
+	}
+	x.version, x.slots = next, slots
+	// A map-in-map update returns only after every running BPF program has
+	// finished (synchronize_rcu), so no packet still uses the old version.
+	if err := x.objs.Barrier.Update(uint32(0), x.objs.BarrierInner, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("wait for xdp programs after flip: %w", err)
+	}
+	return nil
+}
+
+// assignSlots gives each rule of c a table slot, keeping the slot a rule
+// already has so its counters carry on. A new rule takes a slot no rule
+// used in the active version if there is one, so that packets still being
+// counted by the old version never land on it. fresh lists the new slots.
+func (x *XDP) assignSlots(c *Config) (slots map[RuleID]uint32, fresh []uint32) {
+	slots = map[RuleID]uint32{DefaultRule: 0}
+	var inNew, inOld [maxSlots]bool
+	inNew[0], inOld[0] = true, true
+	for _, s := range x.slots {
+		inOld[s] = true
+	}
+	for _, r := range c.Rules {
+		if s, ok := x.slots[r.ID]; ok {
+			slots[r.ID] = s
+			inNew[s] = true
+		}
+	}
+	for _, r := range c.Rules {
+		if _, ok := slots[r.ID]; ok {
+			continue
+		}
+		s := pickSlot(&inNew, &inOld, true)
+		if s == 0 {
+			s = pickSlot(&inNew, &inOld, false)
+		}
+		slots[r.ID] = s
+		inNew[s] = true
+		fresh = append(fresh, s)
+	}
+	return slots, fresh
+}
+
+func pickSlot(inNew, inOld *[maxSlots]bool, avoidOld bool) uint32 {
+	for s := uint32(1); s < maxSlots; s++ {
+		if !inNew[s] && (!avoidOld || !inOld[s]) {
+			return s
+		}
+	}
+	return 0 // cannot happen: Update checked the rule count
+}
+
+// fillPorts writes the slot of the rule Config.Lookup picks for every port
+// of vip and p: rules for that VIP beat rules for every VIP, and within
+// each group the first rule in order wins (so they are written last).
+func fillPorts(tbl *[65536]uint8, c *Config, vip netip.Addr, p Protocol, slots map[RuleID]uint32) {
+	clear(tbl[:])
+	for _, specific := range []bool{false, true} {
+		for i := len(c.Rules) - 1; i >= 0; i-- {
+			r := &c.Rules[i]
+			if r.VIP.IsValid() != specific || (specific && r.VIP != vip) || r.Proto&p == 0 {
+				continue
+			}
+			s := uint8(slots[r.ID])
+			for port := int(r.PortLo); port <= int(r.PortHi); port++ {
+				tbl[port] = s
+			}
+		}
+	}
+}
+
+func (x *XDP) zeroCounters(slot uint32) error {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("count cpus: %w", err)
+	}
+	zero := make([]shoalCounters, n)
+	if err := x.objs.Counters.Update(slot, zero, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("reset xdp counters of slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// Counters returns the packets judged so far, summed over CPUs, by rule of
+// the current tables. A removed rule's counts go with it.
+func (x *XDP) Counters() (Counters, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make(Counters, len(x.slots))
+	var per []shoalCounters
+	for id, s := range x.slots {
+		if err := x.objs.Counters.Lookup(s, &per); err != nil {
+			return nil, fmt.Errorf("read xdp counters of rule %d: %w", id, err)
+		}
+		var rc RuleCounters
+		for _, c := range per {
+			rc.Accepted += c.N[0]
+			for r := 1; r < int(NumDropReasons); r++ {
+				rc.Dropped[r] += c.N[r]
+			}
+		}
+		out[id] = rc
+	}
+	return out, nil
+}
+
+// driverOf returns the kind of link ifname is ("veth", "device", ...), or
+// "" when it cannot tell.
+func driverOf(ifname string) string {
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return ""
+	}
+	return l.Type()
+}
