@@ -1,0 +1,249 @@
+package rules
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+)
+
+// CommandType is a command's one-byte tag at the head of its Raft log entry.
+// Tags are never reused: a replica must decode every entry ever written.
+type CommandType uint8
+
+// Command tags.
+const (
+	TypeInitCluster         CommandType = 1
+	TypePutVIP              CommandType = 2
+	TypeRemoveVIP           CommandType = 3
+	TypePutRule             CommandType = 4
+	TypeRemoveRule          CommandType = 5
+	TypeSetRuleState        CommandType = 6
+	TypeSetWeight           CommandType = 7
+	TypeSetHandlingPriority CommandType = 8
+	TypeSetHostPriority     CommandType = 9
+	TypeRegisterNode        CommandType = 10
+	TypeRemoveNode          CommandType = 11
+	TypeSetAdminState       CommandType = 12
+	TypeSetSettings         CommandType = 13
+)
+
+// commandVersion is the payload version every command is written with. A
+// change to a payload that old replicas cannot read gets a new version, and
+// the decoder keeps reading the old ones.
+const commandVersion = 1
+
+// maxCommandSize bounds an encoded command; real ones are a few hundred bytes.
+const maxCommandSize = 64 << 10
+
+// Command is one change to the replicated state. The FSM applies commands in
+// log order; the same command applied to the same state gives the same
+// result on every replica.
+type Command interface {
+	// Type returns the command's tag.
+	Type() CommandType
+	// apply changes s in place, or returns a business error and leaves the
+	// caller to discard s.
+	apply(s *State) (Result, error)
+}
+
+// Result is what a successful command returns.
+type Result struct {
+	Index  uint64        // the Raft index the command was applied at
+	RuleID filter.RuleID // PutRule: the rule's id (assigned when it was 0)
+	NodeID filter.NodeID // RegisterNode: the node's id
+}
+
+// commandTable maps each tag to a constructor of its payload; decoding
+// dispatches through it.
+var commandTable = map[CommandType]func() Command{
+	TypeInitCluster:         func() Command { return new(InitCluster) },
+	TypePutVIP:              func() Command { return new(PutVIP) },
+	TypeRemoveVIP:           func() Command { return new(RemoveVIP) },
+	TypePutRule:             func() Command { return new(PutRule) },
+	TypeRemoveRule:          func() Command { return new(RemoveRule) },
+	TypeSetRuleState:        func() Command { return new(SetRuleState) },
+	TypeSetWeight:           func() Command { return new(SetWeight) },
+	TypeSetHandlingPriority: func() Command { return new(SetHandlingPriority) },
+	TypeSetHostPriority:     func() Command { return new(SetHostPriority) },
+	TypeRegisterNode:        func() Command { return new(RegisterNode) },
+	TypeRemoveNode:          func() Command { return new(RemoveNode) },
+	TypeSetAdminState:       func() Command { return new(SetAdminState) },
+	TypeSetSettings:         func() Command { return new(SetSettings) },
+}
+
+// EncodeCommand returns cmd as a log entry: the type tag, the payload
+// version, then the payload as JSON.
+func EncodeCommand(cmd Command) ([]byte, error) {
+	if _, ok := commandTable[cmd.Type()]; !ok {
+		return nil, fmt.Errorf("encode command: unknown type %d", cmd.Type())
+	}
+	payload, err := json.Marshal(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("encode command %d: %w", cmd.Type(), err)
+	}
+	b := make([]byte, 0, 2+len(payload))
+	b = append(b, byte(cmd.Type()), commandVersion)
+	return append(b, payload...), nil
+}
+
+// DecodeCommand parses a log entry written by EncodeCommand. It is strict:
+// unknown tags, versions or fields and trailing bytes are errors, so two
+// replicas can never read one entry two ways.
+func DecodeCommand(b []byte) (Command, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("decode command: %d bytes is too short", len(b))
+	}
+	if len(b) > maxCommandSize {
+		return nil, fmt.Errorf("decode command: %d bytes is over the %d byte limit", len(b), maxCommandSize)
+	}
+	newCmd, ok := commandTable[CommandType(b[0])]
+	if !ok {
+		return nil, fmt.Errorf("decode command: unknown type %d", b[0])
+	}
+	if b[1] != commandVersion {
+		return nil, fmt.Errorf("decode command type %d: unsupported version %d", b[0], b[1])
+	}
+	cmd := newCmd()
+	dec := json.NewDecoder(bytes.NewReader(b[2:]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cmd); err != nil {
+		return nil, fmt.Errorf("decode command type %d: %w", b[0], err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("decode command type %d: trailing data", b[0])
+	}
+	return cmd, nil
+}
+
+// InitCluster sets the cluster id and first settings. The bootstrapping node
+// draws the random values and proposes them, so every replica applies the
+// same ones. It may be applied once.
+type InitCluster struct {
+	Settings Settings
+}
+
+// PutVIP adds a VIP; adding one that exists is a no-op.
+type PutVIP struct {
+	VIP netip.Addr
+}
+
+// RemoveVIP removes a VIP that no rule uses.
+type RemoveVIP struct {
+	VIP netip.Addr
+}
+
+// PutRule adds a port rule (Rule.ID 0: the FSM assigns the next id) or
+// replaces the rule with Rule.ID, keeping the nodes' settings for it.
+type PutRule struct {
+	Rule filter.Rule
+}
+
+// RemoveRule removes a port rule and every node's settings for it.
+type RemoveRule struct {
+	ID filter.RuleID
+}
+
+// SetRuleState enables, drains or disables rules, cluster-wide (Node 0) or
+// on one node only. Listing several rules (as `shoal disable all` does)
+// changes them in one step.
+type SetRuleState struct {
+	Rules []filter.RuleID
+	Node  filter.NodeID // 0: the rule itself, for every node
+	State filter.RuleState
+}
+
+// WeightEqual asks SetWeight for the default ("equal") weight.
+const WeightEqual = -1
+
+// SetWeight sets a node's load weight on a rule: 0..100, or WeightEqual.
+type SetWeight struct {
+	Rule   filter.RuleID
+	Node   filter.NodeID
+	Weight int
+}
+
+// SetHandlingPriority sets a node's handling priority on a rule (1..32; 0
+// goes back to the node's host priority). Single-host rules go to the
+// eligible node with the lowest.
+type SetHandlingPriority struct {
+	Rule     filter.RuleID
+	Node     filter.NodeID
+	Priority int
+}
+
+// SetHostPriority sets a node's host priority (1..32, unique).
+type SetHostPriority struct {
+	Node     filter.NodeID
+	Priority int
+}
+
+// RegisterNode adds a node to the registry and returns its id. Registering
+// again under the same name and Raft address returns the existing id (a
+// retried join), updating the other addresses.
+type RegisterNode struct {
+	Info  NodeInfo
+	Admin AdminState
+}
+
+// RemoveNode removes a node from the registry.
+type RemoveNode struct {
+	ID filter.NodeID
+}
+
+// SetAdminState sets a node's admin state.
+type SetAdminState struct {
+	Node  filter.NodeID
+	State AdminState
+}
+
+// SetSettings changes the cluster settings that are set (non-nil).
+type SetSettings struct {
+	HashSeed           *uint32        `json:",omitempty"`
+	HeartbeatPeriod    *time.Duration `json:",omitempty"`
+	HeartbeatTolerance *int           `json:",omitempty"`
+}
+
+// Type implements Command.
+func (*InitCluster) Type() CommandType { return TypeInitCluster }
+
+// Type implements Command.
+func (*PutVIP) Type() CommandType { return TypePutVIP }
+
+// Type implements Command.
+func (*RemoveVIP) Type() CommandType { return TypeRemoveVIP }
+
+// Type implements Command.
+func (*PutRule) Type() CommandType { return TypePutRule }
+
+// Type implements Command.
+func (*RemoveRule) Type() CommandType { return TypeRemoveRule }
+
+// Type implements Command.
+func (*SetRuleState) Type() CommandType { return TypeSetRuleState }
+
+// Type implements Command.
+func (*SetWeight) Type() CommandType { return TypeSetWeight }
+
+// Type implements Command.
+func (*SetHandlingPriority) Type() CommandType { return TypeSetHandlingPriority }
+
+// Type implements Command.
+func (*SetHostPriority) Type() CommandType { return TypeSetHostPriority }
+
+// Type implements Command.
+func (*RegisterNode) Type() CommandType { return TypeRegisterNode }
+
+// Type implements Command.
+func (*RemoveNode) Type() CommandType { return TypeRemoveNode }
+
+// Type implements Command.
+func (*SetAdminState) Type() CommandType { return TypeSetAdminState }
+
+// Type implements Command.
+func (*SetSettings) Type() CommandType { return TypeSetSettings }

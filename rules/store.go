@@ -1,0 +1,637 @@
+package rules
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+
+	"github.com/shoalnet/shoal/filter"
+)
+
+// MaxVoters is how many nodes vote in Raft; further nodes join as
+// non-voters, which replicate the rules but do not slow commits.
+const MaxVoters = 5
+
+// DefaultApplyTimeout bounds a write: past it, Apply gives up with
+// ErrNoQuorum and the agent keeps the rules it has.
+const DefaultApplyTimeout = 3 * time.Second
+
+// Timing holds the Raft timeouts.
+type Timing struct {
+	HeartbeatTimeout   time.Duration // a follower without contact this long starts an election
+	ElectionTimeout    time.Duration // a candidate without a win this long starts another
+	LeaderLeaseTimeout time.Duration // a leader without quorum contact this long steps down
+	CommitTimeout      time.Duration // the longest a follower waits to learn of a commit
+}
+
+// DefaultTiming is the production Raft timing: hashicorp/raft's defaults for
+// failure detection (a LAN cluster), and a 5 ms commit timeout instead of
+// 50 ms so followers apply a change within a few milliseconds of the leader
+// (the rule-change-to-data-plane target is 250 ms p99).
+func DefaultTiming() Timing {
+	return Timing{
+		HeartbeatTimeout:   time.Second,
+		ElectionTimeout:    time.Second,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
+		CommitTimeout:      5 * time.Millisecond,
+	}
+}
+
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	NodeName      string // unique in the cluster; the Raft server ID
+	DataDir       string // holds raft.db (log and stable store) and snapshots
+	RaftBind      string // host:port the Raft transport listens on
+	RaftAdvertise string // host:port peers dial; empty: the bound address
+	HeartbeatAddr string // registered for this node (bootstrap; default for Join)
+	APIAddr       string // this node's peer API, where others forward to
+	HostPriority  int    // registered at bootstrap; 0: the lowest free
+	Key           []byte // the 32-byte cluster key that signs peer requests
+	// Bootstrap makes a new one-node cluster when DataDir holds no Raft
+	// state; with existing state the node restarts from it either way.
+	Bootstrap    bool
+	Timing       Timing        // zero: DefaultTiming
+	ApplyTimeout time.Duration // zero: DefaultApplyTimeout
+	Logger       *slog.Logger  // nil: slog.Default()
+	// NoSync skips the fsync of each log write; only for benchmarks
+	// comparing against it and tests, never in production.
+	NoSync bool
+}
+
+// Store is one node's replica of the rules: a Raft node, its storage, and
+// the client side of the peer API.
+type Store struct {
+	cfg    StoreConfig
+	log    *slog.Logger
+	fsm    *fsm
+	raft   *raft.Raft
+	trans  *raft.NetworkTransport
+	bolt   *raftboltdb.BoltStore
+	client *http.Client
+
+	subMu  sync.Mutex
+	subs   map[int]chan struct{}
+	nextID int
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open starts this node's Raft replica from cfg.DataDir: a fresh one-node
+// cluster with cfg.Bootstrap and no existing state, otherwise whatever the
+// directory holds (possibly nothing yet: then the node waits to be joined).
+func Open(cfg StoreConfig) (*Store, error) {
+	if err := checkKey(cfg.Key); err != nil {
+		return nil, err
+	}
+	if cfg.NodeName == "" || cfg.DataDir == "" || cfg.RaftBind == "" {
+		return nil, fmt.Errorf("%w: open rules store: node name, data dir and raft bind address are required", ErrInvalid)
+	}
+	if cfg.Timing == (Timing{}) {
+		cfg.Timing = DefaultTiming()
+	}
+	if cfg.ApplyTimeout == 0 {
+		cfg.ApplyTimeout = DefaultApplyTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Store{cfg: cfg, log: cfg.Logger, client: NewPeerClient(cfg.Key), subs: map[int]chan struct{}{}}
+	s.fsm = newFSM(s.broadcast)
+	if err := s.open(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) open() error {
+	cfg := &s.cfg
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("open rules store: %w", err)
+	}
+	hl := newHCLogger(s.log)
+	bolt, err := raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(cfg.DataDir, "raft.db"),
+		BoltOptions: &bbolt.Options{Timeout: time.Second},
+		NoSync:      cfg.NoSync,
+	})
+	if err != nil {
+		return fmt.Errorf("open raft log %s: %w (is another agent using this data dir?)", cfg.DataDir, err)
+	}
+	s.bolt = bolt
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hl)
+	if err != nil {
+		return fmt.Errorf("open raft snapshots: %w", err)
+	}
+	var adv net.Addr
+	if cfg.RaftAdvertise != "" {
+		a, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+		if err != nil {
+			return fmt.Errorf("raft advertise address %q: %w", cfg.RaftAdvertise, err)
+		}
+		adv = a
+	}
+	trans, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, adv, 3, 5*time.Second, hl)
+	if err != nil {
+		return fmt.Errorf("raft transport on %s: %w", cfg.RaftBind, err)
+	}
+	s.trans = trans
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeName)
+	rc.HeartbeatTimeout = cfg.Timing.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.Timing.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.Timing.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.Timing.CommitTimeout
+	rc.Logger = hl
+	if err := raft.ValidateConfig(rc); err != nil {
+		return fmt.Errorf("raft config: %w", err)
+	}
+	existing, err := raft.HasExistingState(bolt, bolt, snaps)
+	if err != nil {
+		return fmt.Errorf("read raft state: %w", err)
+	}
+	r, err := raft.NewRaft(rc, s.fsm, bolt, bolt, snaps, trans)
+	if err != nil {
+		return fmt.Errorf("start raft: %w", err)
+	}
+	s.raft = r
+	if existing || !cfg.Bootstrap {
+		return nil
+	}
+	return s.bootstrap()
+}
+
+// bootstrap makes a one-node cluster, then initialises it with random ids
+// and registers this node.
+func (s *Store) bootstrap() error {
+	self := raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(s.cfg.NodeName), Address: s.trans.LocalAddr()}
+	if err := s.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil {
+		return fmt.Errorf("bootstrap raft: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*s.cfg.Timing.ElectionTimeout+s.cfg.ApplyTimeout)
+	defer cancel()
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	clusterID := binary.BigEndian.Uint32(b[:4]) | 1 // never 0
+	init := &InitCluster{Settings: Settings{
+		ClusterID:          clusterID,
+		HashSeed:           binary.BigEndian.Uint32(b[4:]),
+		HeartbeatPeriod:    DefaultHeartbeatPeriod,
+		HeartbeatTolerance: DefaultHeartbeatTolerance,
+	}}
+	if _, err := s.Apply(ctx, init); err != nil {
+		return fmt.Errorf("bootstrap: initialise cluster: %w", err)
+	}
+	if _, err := s.Apply(ctx, &RegisterNode{Info: s.selfInfo(NodeInfo{})}); err != nil {
+		return fmt.Errorf("bootstrap: register %s: %w", s.cfg.NodeName, err)
+	}
+	s.log.Info("bootstrapped rules cluster", "node", s.cfg.NodeName, "cluster_id", fmt.Sprintf("%08x", clusterID))
+	return nil
+}
+
+// selfInfo fills what me leaves blank from the store's config.
+func (s *Store) selfInfo(me NodeInfo) NodeInfo {
+	if me.Name == "" {
+		me.Name = s.cfg.NodeName
+	}
+	if me.HostPriority == 0 {
+		me.HostPriority = s.cfg.HostPriority
+	}
+	if me.HeartbeatAddr == "" {
+		me.HeartbeatAddr = s.cfg.HeartbeatAddr
+	}
+	if me.RaftAddr == "" {
+		me.RaftAddr = string(s.trans.LocalAddr())
+	}
+	if me.APIAddr == "" {
+		me.APIAddr = s.cfg.APIAddr
+	}
+	return me
+}
+
+// RaftAddr returns the address peers reach this node's Raft transport at.
+func (s *Store) RaftAddr() string { return string(s.trans.LocalAddr()) }
+
+// State returns a copy of the local replica's state. It never waits for
+// Raft; Index says how recent it is.
+func (s *Store) State() *State { return s.fsm.current().Clone() }
+
+// Leader returns the name of the current Raft leader, if one is known.
+func (s *Store) Leader() (name string, ok bool) {
+	_, id := s.raft.LeaderWithID()
+	return string(id), id != ""
+}
+
+// IsLeader reports whether this node is the Raft leader.
+func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Member is a server in the Raft configuration.
+type Member struct {
+	Name     string
+	RaftAddr string
+	Voter    bool
+}
+
+// Members returns the Raft configuration as this node knows it.
+func (s *Store) Members() ([]Member, error) {
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("raft configuration: %w", err)
+	}
+	var ms []Member
+	for _, srv := range f.Configuration().Servers {
+		ms = append(ms, Member{Name: string(srv.ID), RaftAddr: string(srv.Address), Voter: srv.Suffrage == raft.Voter})
+	}
+	return ms, nil
+}
+
+// Subscribe returns a channel that receives a value after each change the
+// local replica applies (commands and snapshot restores), and a function to
+// stop. Notifications coalesce: a slow reader sees one, then reads State.
+func (s *Store) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	s.subMu.Lock()
+	id := s.nextID
+	s.nextID++
+	s.subs[id] = ch
+	s.subMu.Unlock()
+	return ch, func() {
+		s.subMu.Lock()
+		delete(s.subs, id)
+		s.subMu.Unlock()
+	}
+}
+
+func (s *Store) broadcast() {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	for _, ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// WaitIndex waits until the local replica has applied index idx.
+func (s *Store) WaitIndex(ctx context.Context, idx uint64) error {
+	ch, stop := s.Subscribe()
+	defer stop()
+	for s.fsm.current().Index < idx {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for rules index %d (have %d): %w", idx, s.fsm.current().Index, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// Apply commits cmd through Raft from any node: on the leader it is applied
+// here, elsewhere it is forwarded to the leader's peer API. The command is
+// checked against the local state first, so most mistakes fail at once. It
+// returns when the leader has applied the command and, if this node is a
+// follower, when this node has too (or the timeout passed). Business errors
+// wrap ErrInvalid, ErrConflict, ErrUnknownNode, ErrUnknownRule or
+// ErrUnknownVIP; a write that cannot commit within the apply timeout returns
+// ErrNoQuorum, and the local rules stay as they were.
+func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
+	if err := s.fsm.current().Check(cmd); err != nil {
+		return Result{}, err
+	}
+	data, err := EncodeCommand(cmd)
+	if err != nil {
+		return Result{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+	defer cancel()
+	res, err := leaderDo(ctx, s,
+		func(ctx context.Context) (Result, error) { return s.applyLocal(ctx, data) },
+		func(ctx context.Context, api string) (Result, error) { return s.forward(ctx, api, pathApply, data, true) })
+	if err != nil {
+		return res, err
+	}
+	// Read your writes: the local state reflects the change when Apply
+	// returns. The write has committed either way.
+	if err := s.WaitIndex(ctx, res.Index); err != nil {
+		s.log.Warn("rules write committed but not applied here yet", "index", res.Index, "err", err)
+	}
+	return res, nil
+}
+
+// leaderDo runs local on the leader, or remote against the leader's peer
+// API, retrying through elections and lost connections until ctx ends.
+func leaderDo[T any](ctx context.Context, s *Store, local func(context.Context) (T, error), remote func(ctx context.Context, api string) (T, error)) (T, error) {
+	var zero T
+	backoff := 10 * time.Millisecond
+	var last error
+	for {
+		if s.raft.State() == raft.Leader {
+			v, err := local(ctx)
+			if !errors.Is(err, errNotLeader) {
+				return v, err
+			}
+			last = err
+		} else if _, id := s.raft.LeaderWithID(); id != "" {
+			if n := s.fsm.current().NodeByName(string(id)); n != nil && n.APIAddr != "" {
+				v, err := remote(ctx, n.APIAddr)
+				if err == nil || !retryable(err) {
+					return v, err
+				}
+				last = err
+			} else {
+				last = fmt.Errorf("leader %s is not in the local registry yet", id)
+			}
+		} else {
+			last = errors.New("no leader known")
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return zero, ctx.Err()
+			}
+			return zero, s.noQuorum(last)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
+
+// retryable reports whether a forwarded request may be sent again: the
+// peer was not the leader or could not be reached. Business errors are not.
+func retryable(err error) bool {
+	var re *remoteError
+	if errors.As(err, &re) {
+		return errors.Is(err, errNotLeader)
+	}
+	return !errors.Is(err, ErrAuth) && !errors.Is(err, ErrInvalid)
+}
+
+// applyLocal proposes data on this node, which believes it leads, and waits
+// for the FSM's result.
+func (s *Store) applyLocal(ctx context.Context, data []byte) (Result, error) {
+	f := s.raft.Apply(data, 0)
+	if err := waitFuture(ctx, f); err != nil {
+		return Result{}, err
+	}
+	ar, ok := f.Response().(applyResult)
+	if !ok {
+		return Result{}, fmt.Errorf("rules fsm returned %T", f.Response())
+	}
+	return ar.res, ar.err
+}
+
+// waitFuture waits for a raft future within ctx, mapping a lost leadership
+// to errNotLeader so the caller retries with the new leader.
+func waitFuture(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+			errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrAbortedByRestore):
+			return fmt.Errorf("%w: %w", errNotLeader, err)
+		case err != nil:
+			return fmt.Errorf("raft: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// noQuorum builds the error for a write that could not commit: how many
+// voters answer, and which do not.
+func (s *Store) noQuorum(cause error) error {
+	members, err := s.Members()
+	if err != nil || len(members) == 0 {
+		return fmt.Errorf("%w: this node knows no cluster (%v); join one or bootstrap", ErrNotMember, cause)
+	}
+	st := s.fsm.current()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	type probe struct {
+		name string
+		ok   bool
+	}
+	var voters []string
+	results := make(chan probe)
+	for _, m := range members {
+		if !m.Voter {
+			continue
+		}
+		voters = append(voters, m.Name)
+		go func() {
+			if m.Name == s.cfg.NodeName {
+				results <- probe{m.Name, true}
+				return
+			}
+			n := st.NodeByName(m.Name)
+			results <- probe{m.Name, n != nil && s.ping(ctx, n.APIAddr) == nil}
+		}()
+	}
+	var down []string
+	for range voters {
+		if p := <-results; !p.ok {
+			down = append(down, p.name)
+		}
+	}
+	slices.Sort(down)
+	return fmt.Errorf("%w: %d of %d voters reachable (unreachable: %s); the change was not committed within %v (%v) and this node keeps the rules of index %d; bring a voter back or remove the dead one (shoal leave --node)",
+		ErrNoQuorum, len(voters)-len(down), len(voters), strings.Join(down, ", "), s.cfg.ApplyTimeout, cause, st.Index)
+}
+
+// Join asks the cluster member whose peer API is at member to add this
+// node: the leader registers it (assigning its id) and adds it to Raft as a
+// voter while there are fewer than MaxVoters, else as a non-voter. Fields of
+// me left blank come from the store's config. This store must be open
+// without Bootstrap and must not be part of another cluster.
+func (s *Store) Join(ctx context.Context, member string, me NodeInfo) (filter.NodeID, error) {
+	me = s.selfInfo(me)
+	if me.Name != s.cfg.NodeName {
+		return 0, fmt.Errorf("%w: join as %q, but this store's raft id is %q", ErrInvalid, me.Name, s.cfg.NodeName)
+	}
+	if err := me.check(); err != nil {
+		return 0, err
+	}
+	body, err := jsonBody(me)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*s.cfg.ApplyTimeout)
+	defer cancel()
+	backoff := 50 * time.Millisecond
+	for {
+		res, err := s.forward(ctx, member, pathJoin, body, false)
+		if err == nil {
+			if err := s.WaitIndex(ctx, res.Index); err != nil {
+				return res.NodeID, fmt.Errorf("joined as node %d, but the rules did not replicate here: %w", res.NodeID, err)
+			}
+			return res.NodeID, nil
+		}
+		if !retryable(err) {
+			return 0, fmt.Errorf("join through %s: %w", member, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("join through %s: %w (last error: %v)", member, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// joinAsLeader registers info and adds it to the Raft configuration.
+func (s *Store) joinAsLeader(ctx context.Context, info NodeInfo) (Result, error) {
+	data, err := EncodeCommand(&RegisterNode{Info: info})
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := s.applyLocal(ctx, data)
+	if err != nil {
+		return res, err
+	}
+	cf := s.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", errNotLeader, err)
+	}
+	voters := 0
+	for _, srv := range cf.Configuration().Servers {
+		if srv.ID == raft.ServerID(info.Name) {
+			if srv.Address == raft.ServerAddress(info.RaftAddr) {
+				return res, nil // a retried join that already took effect
+			}
+			continue
+		}
+		if srv.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	var f raft.IndexFuture
+	if voters < MaxVoters {
+		f = s.raft.AddVoter(raft.ServerID(info.Name), raft.ServerAddress(info.RaftAddr), 0, 0)
+	} else {
+		f = s.raft.AddNonvoter(raft.ServerID(info.Name), raft.ServerAddress(info.RaftAddr), 0, 0)
+	}
+	if err := waitFuture(ctx, f); err != nil {
+		return Result{}, fmt.Errorf("add %s to raft: %w", info.Name, err)
+	}
+	s.log.Info("node joined", "node", info.Name, "id", res.NodeID, "voter", voters < MaxVoters)
+	return res, nil
+}
+
+// Leave removes this node from the cluster gracefully: from Raft and from
+// the registry, through the leader. Close the store afterwards, and clear
+// the data dir before joining any cluster again.
+func (s *Store) Leave(ctx context.Context) error {
+	n := s.fsm.current().NodeByName(s.cfg.NodeName)
+	if n == nil {
+		return fmt.Errorf("%w: %s is not in the registry", ErrNotMember, s.cfg.NodeName)
+	}
+	return s.RemoveNode(ctx, n.ID)
+}
+
+// RemoveNode removes node id from Raft and from the registry, for a node
+// that is dead or leaving. Any node may call it; it runs on the leader.
+func (s *Store) RemoveNode(ctx context.Context, id filter.NodeID) error {
+	if s.fsm.current().Node(id) == nil {
+		return unknownNode(id)
+	}
+	body, err := jsonBody(removeRequest{ID: id})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+	defer cancel()
+	_, err = leaderDo(ctx, s,
+		func(ctx context.Context) (Result, error) { return s.removeAsLeader(ctx, id) },
+		func(ctx context.Context, api string) (Result, error) { return s.forward(ctx, api, pathRemove, body, true) })
+	return err
+}
+
+// removeAsLeader takes a node out of Raft and the registry. The order keeps
+// a retry possible: the registry entry (which names the node) goes last,
+// except when the leader removes itself, since it stops leading once it is
+// out of Raft.
+func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID) (Result, error) {
+	n := s.fsm.current().Node(id)
+	if n == nil {
+		return Result{}, unknownNode(id)
+	}
+	cf := s.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", errNotLeader, err)
+	}
+	inRaft, otherVoters := false, 0
+	for _, srv := range cf.Configuration().Servers {
+		if srv.ID == raft.ServerID(n.Name) {
+			inRaft = true
+		} else if srv.Suffrage == raft.Voter {
+			otherVoters++
+		}
+	}
+	if inRaft && otherVoters == 0 {
+		return Result{}, fmt.Errorf("%w: node %d (%s) is the last voter; a cluster cannot remove its last voter, stop the agent instead", ErrConflict, id, n.Name)
+	}
+	data, err := EncodeCommand(&RemoveNode{ID: id})
+	if err != nil {
+		return Result{}, err
+	}
+	removeServer := func() error {
+		if !inRaft {
+			return nil
+		}
+		return waitFuture(ctx, s.raft.RemoveServer(raft.ServerID(n.Name), 0, 0))
+	}
+	if n.Name == s.cfg.NodeName {
+		res, err := s.applyLocal(ctx, data)
+		if err != nil {
+			return res, err
+		}
+		return res, removeServer()
+	}
+	if err := removeServer(); err != nil {
+		return Result{}, err
+	}
+	return s.applyLocal(ctx, data)
+}
+
+// Close stops Raft and closes the transport and storage. The local state
+// stays readable.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		if s.raft != nil {
+			errs = append(errs, s.raft.Shutdown().Error())
+		}
+		if s.trans != nil {
+			errs = append(errs, s.trans.Close())
+		}
+		if s.bolt != nil {
+			errs = append(errs, s.bolt.Close())
+		}
+		s.client.CloseIdleConnections()
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
