@@ -1,0 +1,349 @@
+package heartbeat
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Wire format (big endian), protocol version 1:
+//
+//	version u8 | flags u8 (bit 0 healthy, bit 1 settled) | admin u8 | 0 u8
+//	cluster id u32 | node id u32 | incarnation u64 | sequence u64
+//	rules index applied u64
+//	view: rules index u64 | seed u32 | digest u64 | n u16 | n x node id u32
+//	draining: rules u16 | per rule: rule id u32 | form u8 |
+//	          form 0 (list): n u16 | n x bucket u16
+//	          form 1 (bitmap): 512 bytes, bit k of byte k/8 = bucket k
+//	counters: accepted u64 | dropped u64 | connections u64
+//	HMAC-SHA256 of everything above under the cluster key, 32 bytes
+//
+// Rule ids increase strictly; bucket lists and node ids are sorted and
+// unique; the digest must match the view.
+const (
+	// ProtocolVersion is the heartbeat format version this package speaks.
+	ProtocolVersion = 1
+	// MaxMessageSize is the largest heartbeat accepted or produced.
+	MaxMessageSize = 64 << 10
+
+	macSize     = sha256.Size
+	headerSize  = 4 + 4 + 4 + 8 + 8 + 8
+	minSize     = headerSize + 22 + 2 + 24 + macSize
+	bitmapBytes = NumBuckets / 8
+
+	flagHealthy = 1 << 0
+	flagSettled = 1 << 1
+
+	formList   = 0
+	formBitmap = 1
+)
+
+// Rejections. Decode and Machine.Receive return errors that wrap one of
+// these; ReasonOf maps them to a Reason for counting.
+var (
+	ErrTruncated      = errors.New("heartbeat truncated")
+	ErrOversized      = errors.New("heartbeat oversized")
+	ErrBadVersion     = errors.New("heartbeat protocol version unknown")
+	ErrForeignCluster = errors.New("heartbeat from another cluster")
+	ErrBadMAC         = errors.New("heartbeat not authenticated by the cluster key")
+	ErrMalformed      = errors.New("heartbeat malformed")
+	ErrStale          = errors.New("heartbeat stale or replayed")
+	ErrUnknownNode    = errors.New("heartbeat from a node not in the registry")
+	ErrSelf           = errors.New("heartbeat carries this node's id")
+)
+
+// Reason is why a heartbeat was rejected, for counters.
+type Reason uint8
+
+// Rejection reasons.
+const (
+	ReasonTruncated Reason = iota
+	ReasonOversized
+	ReasonBadVersion
+	ReasonForeignCluster
+	ReasonBadMAC
+	ReasonMalformed
+	ReasonStale
+	ReasonUnknownNode
+	ReasonSelf
+	NumReasons // number of reasons, for arrays of counters
+)
+
+var reasonErrs = [NumReasons]error{ErrTruncated, ErrOversized, ErrBadVersion, ErrForeignCluster, ErrBadMAC, ErrMalformed, ErrStale, ErrUnknownNode, ErrSelf}
+
+var reasonNames = [NumReasons]string{"truncated", "oversized", "bad_version", "foreign_cluster", "bad_mac", "malformed", "stale", "unknown_node", "self"}
+
+// String returns the reason's name, usable as a metric label.
+func (r Reason) String() string {
+	if r < NumReasons {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// ReasonOf returns the reason for a rejection error; errors it does not
+// know count as malformed.
+func ReasonOf(err error) Reason {
+	for r, e := range reasonErrs {
+		if errors.Is(err, e) {
+			return Reason(r)
+		}
+	}
+	return ReasonMalformed
+}
+
+// Encode returns msg in wire form, authenticated with key. It fails only when
+// msg cannot be represented: too many eligible nodes or draining rules, an
+// invalid bucket list, or a message over MaxMessageSize.
+func Encode(msg *Message, key []byte) ([]byte, error) {
+	return AppendEncode(make([]byte, 0, encodedSize(msg)), msg, key)
+}
+
+// AppendEncode is Encode appending to dst.
+func AppendEncode(dst []byte, msg *Message, key []byte) ([]byte, error) {
+	if len(msg.View.Eligible) > 0xffff || len(msg.Draining) > 0xffff {
+		return nil, fmt.Errorf("encode heartbeat: %w: too many nodes or rules", ErrOversized)
+	}
+	if !msg.Draining.valid() {
+		return nil, fmt.Errorf("encode heartbeat: draining buckets must be sorted, unique and below %d", NumBuckets)
+	}
+	if n := encodedSize(msg); n > MaxMessageSize {
+		return nil, fmt.Errorf("encode heartbeat: %w: %d bytes, the limit is %d", ErrOversized, n, MaxMessageSize)
+	}
+	start := len(dst)
+	var flags byte
+	if msg.Healthy {
+		flags |= flagHealthy
+	}
+	if msg.Settled {
+		flags |= flagSettled
+	}
+	b := append(dst, ProtocolVersion, flags, byte(msg.Admin), 0)
+	b = binary.BigEndian.AppendUint32(b, msg.ClusterID)
+	b = binary.BigEndian.AppendUint32(b, msg.Node)
+	b = binary.BigEndian.AppendUint64(b, msg.Incarnation)
+	b = binary.BigEndian.AppendUint64(b, msg.Seq)
+	b = binary.BigEndian.AppendUint64(b, msg.RulesIndex)
+	v := &msg.View
+	b = binary.BigEndian.AppendUint64(b, v.RulesIndex)
+	b = binary.BigEndian.AppendUint32(b, v.Seed)
+	b = binary.BigEndian.AppendUint64(b, v.Digest())
+	b = binary.BigEndian.AppendUint16(b, uint16(len(v.Eligible)))
+	for _, id := range v.Eligible {
+		b = binary.BigEndian.AppendUint32(b, id)
+	}
+	rules := drainingRules(msg.Draining)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(rules)))
+	for _, id := range rules {
+		l := msg.Draining[id]
+		b = binary.BigEndian.AppendUint32(b, id)
+		if listSize(len(l)) <= bitmapBytes {
+			b = append(b, formList)
+			b = binary.BigEndian.AppendUint16(b, uint16(len(l)))
+			for _, k := range l {
+				b = binary.BigEndian.AppendUint16(b, k)
+			}
+			continue
+		}
+		b = append(b, formBitmap)
+		var bm [bitmapBytes]byte
+		for _, k := range l {
+			bm[k/8] |= 1 << (k % 8)
+		}
+		b = append(b, bm[:]...)
+	}
+	b = binary.BigEndian.AppendUint64(b, msg.Counters.Accepted)
+	b = binary.BigEndian.AppendUint64(b, msg.Counters.Dropped)
+	b = binary.BigEndian.AppendUint64(b, msg.Counters.Connections)
+	mac := hmac.New(sha256.New, key)
+	mac.Write(b[start:])
+	return mac.Sum(b), nil
+}
+
+// drainingRules returns the rules with buckets, sorted.
+func drainingRules(d Buckets) []uint32 {
+	ids := make([]uint32, 0, len(d))
+	for id, l := range d {
+		if len(l) > 0 {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func listSize(n int) int { return 2 + 2*n }
+
+func encodedSize(msg *Message) int {
+	n := minSize + 4*len(msg.View.Eligible)
+	for _, l := range msg.Draining {
+		if len(l) > 0 {
+			n += 5 + min(listSize(len(l)), bitmapBytes)
+		}
+	}
+	return n
+}
+
+// Decode checks and parses one heartbeat: size, version, cluster, then the
+// HMAC under key, then the body. It never panics; every error wraps one of
+// the Err values above.
+func Decode(b []byte, key []byte, clusterID uint32) (*Message, error) {
+	if len(b) > MaxMessageSize {
+		return nil, fmt.Errorf("%w: %d bytes", ErrOversized, len(b))
+	}
+	if len(b) < minSize {
+		return nil, fmt.Errorf("%w: %d bytes, the minimum is %d", ErrTruncated, len(b), minSize)
+	}
+	if b[0] != ProtocolVersion {
+		return nil, fmt.Errorf("%w: %d", ErrBadVersion, b[0])
+	}
+	if c := binary.BigEndian.Uint32(b[4:]); c != clusterID {
+		return nil, fmt.Errorf("%w: cluster id %d", ErrForeignCluster, c)
+	}
+	body, tag := b[:len(b)-macSize], b[len(b)-macSize:]
+	mac := hmac.New(sha256.New, key)
+	mac.Write(body)
+	if !hmac.Equal(mac.Sum(nil), tag) {
+		return nil, ErrBadMAC
+	}
+	r := reader{b: body, off: 1} // the version byte is checked above
+	msg := &Message{}
+	flags := r.u8()
+	msg.Healthy = flags&flagHealthy != 0
+	msg.Settled = flags&flagSettled != 0
+	msg.Admin = AdminState(r.u8())
+	reserved := r.u8()
+	msg.ClusterID = r.u32()
+	msg.Node = r.u32()
+	msg.Incarnation = r.u64()
+	msg.Seq = r.u64()
+	msg.RulesIndex = r.u64()
+	switch {
+	case flags&^(flagHealthy|flagSettled) != 0 || reserved != 0:
+		return nil, fmt.Errorf("%w: unknown flags", ErrMalformed)
+	case !msg.Admin.Valid():
+		return nil, fmt.Errorf("%w: admin state %d", ErrMalformed, msg.Admin)
+	case msg.Node == 0:
+		return nil, fmt.Errorf("%w: node id 0", ErrMalformed)
+	}
+	msg.View.RulesIndex = r.u64()
+	msg.View.Seed = r.u32()
+	digest := r.u64()
+	n := int(r.u16())
+	if r.left() < 4*n {
+		return nil, fmt.Errorf("%w: view lists %d nodes past the end", ErrMalformed, n)
+	}
+	if n > 0 {
+		msg.View.Eligible = make([]uint32, n)
+	}
+	for i := range msg.View.Eligible {
+		id := r.u32()
+		if id == 0 || (i > 0 && msg.View.Eligible[i-1] >= id) {
+			return nil, fmt.Errorf("%w: view node ids must be sorted, unique and not 0", ErrMalformed)
+		}
+		msg.View.Eligible[i] = id
+	}
+	if msg.View.Digest() != digest {
+		return nil, fmt.Errorf("%w: view digest does not match the view", ErrMalformed)
+	}
+	rules := int(r.u16())
+	if rules > 0 {
+		msg.Draining = make(Buckets, rules)
+	}
+	var last uint32
+	for i := range rules {
+		id, form := r.u32(), r.u8()
+		if r.bad || (i > 0 && id <= last) {
+			return nil, fmt.Errorf("%w: draining rules must be sorted and unique", ErrMalformed)
+		}
+		last = id
+		var l []uint16
+		switch form {
+		case formList:
+			k := int(r.u16())
+			if k == 0 || r.left() < 2*k {
+				return nil, fmt.Errorf("%w: draining list of rule %d", ErrMalformed, id)
+			}
+			l = make([]uint16, k)
+			for j := range l {
+				l[j] = r.u16()
+			}
+			if !(Buckets{id: l}).valid() {
+				return nil, fmt.Errorf("%w: draining buckets of rule %d must be sorted, unique and below %d", ErrMalformed, id, NumBuckets)
+			}
+		case formBitmap:
+			bm := r.bytes(bitmapBytes)
+			for k := range NumBuckets {
+				if bm != nil && bm[k/8]&(1<<(k%8)) != 0 {
+					l = append(l, uint16(k))
+				}
+			}
+			if len(l) == 0 {
+				return nil, fmt.Errorf("%w: empty draining bitmap of rule %d", ErrMalformed, id)
+			}
+		default:
+			return nil, fmt.Errorf("%w: draining form %d", ErrMalformed, form)
+		}
+		msg.Draining[id] = l
+	}
+	msg.Counters.Accepted = r.u64()
+	msg.Counters.Dropped = r.u64()
+	msg.Counters.Connections = r.u64()
+	if r.bad {
+		return nil, fmt.Errorf("%w: body ends early", ErrMalformed)
+	}
+	if r.left() != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after the body", ErrMalformed, r.left())
+	}
+	return msg, nil
+}
+
+// reader reads big-endian fields; past the end it returns zeros and sets bad.
+type reader struct {
+	b   []byte
+	off int
+	bad bool
+}
+
+func (r *reader) left() int { return len(r.b) - r.off }
+
+func (r *reader) bytes(n int) []byte {
+	if r.bad || r.left() < n {
+		r.bad = true
+		return nil
+	}
+	s := r.b[r.off : r.off+n]
+	r.off += n
+	return s
+}
+
+func (r *reader) u8() uint8 {
+	if s := r.bytes(1); s != nil {
+		return s[0]
+	}
+	return 0
+}
+
+func (r *reader) u16() uint16 {
+	if s := r.bytes(2); s != nil {
+		return binary.BigEndian.Uint16(s)
+	}
+	return 0
+}
+
+func (r *reader) u32() uint32 {
+	if s := r.bytes(4); s != nil {
+		return binary.BigEndian.Uint32(s)
+	}
+	return 0
+}
+
+func (r *reader) u64() uint64 {
+	if s := r.bytes(8); s != nil {
+		return binary.BigEndian.Uint64(s)
+	}
+	return 0
+}
