@@ -53,16 +53,17 @@ type shoalVipKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	shoalMapActive       = "active"
-	shoalMapBarrier      = "barrier"
-	shoalMapBarrierInner = "barrier_inner"
-	shoalMapBuckets      = "buckets"
-	shoalMapCounters     = "counters"
-	shoalMapPorts        = "ports"
-	shoalMapRules        = "rules"
-	shoalMapSettings     = "settings"
-	shoalMapVips         = "vips"
-	shoalProgShoalXdp    = "shoal_xdp"
+	shoalMapActive          = "active"
+	shoalMapBarrier         = "barrier"
+	shoalMapBarrierInner    = "barrier_inner"
+	shoalMapBuckets         = "buckets"
+	shoalMapCounters        = "counters"
+	shoalMapPorts           = "ports"
+	shoalMapRules           = "rules"
+	shoalMapSettings        = "settings"
+	shoalMapVips            = "vips"
+	shoalProgShoalHashProbe = "shoal_hash_probe"
+	shoalProgShoalXdp       = "shoal_xdp"
 )
 
 // loadShoal returns the embedded CollectionSpec for shoal.
@@ -107,7 +108,8 @@ type shoalSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shoalProgramSpecs struct {
-	ShoalXdp *ebpf.ProgramSpec `ebpf:"shoal_xdp"`
+	ShoalHashProbe *ebpf.ProgramSpec `ebpf:"shoal_hash_probe"`
+	ShoalXdp       *ebpf.ProgramSpec `ebpf:"shoal_xdp"`
 }
 
 // shoalMapSpecs contains maps before they are loaded into the kernel.
@@ -186,11 +188,13 @@ type shoalVariables struct {
 //
 // It can be passed to loadShoalObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shoalPrograms struct {
-	ShoalXdp *ebpf.Program `ebpf:"shoal_xdp"`
+	ShoalHashProbe *ebpf.Program `ebpf:"shoal_hash_probe"`
+	ShoalXdp       *ebpf.Program `ebpf:"shoal_xdp"`
 }
 
 func (p *shoalPrograms) Close() error {
 	return _ShoalClose(
+		p.ShoalHashProbe,
 		p.ShoalXdp,
 	)
 }

@@ -434,4 +434,20 @@ judge:;
 	return XDP_PASS;
 }
 
+// shoal_hash_probe exposes shoal_hash to the tests: the packet holds seed,
+// a and b (host-endian words) and the program writes the hash after them.
+// It is loaded with the data plane but never attached.
+SEC("xdp")
+int shoal_hash_probe(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 *w = data;
+
+	if ((void *)(w + 4) > data_end)
+		return XDP_ABORTED;
+	w[3] = shoal_hash(w[0], w[1], w[2]);
+	return XDP_PASS;
+}
+
 char _license[] SEC("license") = "Dual MIT/GPL";

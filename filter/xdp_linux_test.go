@@ -1,0 +1,182 @@
+//go:build linux
+
+package filter
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/go-cmp/cmp"
+)
+
+// realConn opens, in the current (test) namespace, a listener on vip:80 and
+// one established connection to it from client; it returns the
+// connection's 4-tuple as the server sees it (client, vip).
+func realConn(t *testing.T, vip, client netip.Addr) (conn [2]netip.AddrPort, listener netip.AddrPort) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", netip.AddrPortFrom(vip, 80).String())
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client, 0))}
+	c, err := d.Dial("tcp4", netip.AddrPortFrom(vip, 80).String())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if s, ok := <-accepted; ok {
+		t.Cleanup(func() { s.Close() })
+	} else {
+		t.Fatal("accept failed")
+	}
+	cl := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	return [2]netip.AddrPort{netip.AddrPortFrom(cl.Addr().Unmap(), cl.Port()), netip.AddrPortFrom(vip, 80)}, netip.AddrPortFrom(vip, 80)
+}
+
+// lookNoZero drops the rules that counted nothing, so two sets of counters
+// compare by what they counted.
+func noZero(c Counters) Counters {
+	out := Counters{}
+	for id, rc := range c {
+		if rc != (RuleCounters{}) {
+			out[id] = rc
+		}
+	}
+	return out
+}
+
+func sub(a, b Counters) Counters {
+	out := Counters{}
+	for id, rc := range a {
+		o := b[id]
+		rc.Accepted -= o.Accepted
+		for i := range rc.Dropped {
+			rc.Dropped[i] -= o.Dropped[i]
+		}
+		out[id] = rc
+	}
+	return noZero(out)
+}
+
+// TestDifferential runs random frames through the XDP program and the Go
+// reference under random tables, in a namespace holding a real listener and
+// a real connection on a VIP, and wants the same action, the same output
+// frame and the same counters.
+func TestDifferential(t *testing.T) {
+	ns := newNetns(t)
+	vip0, client := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
+	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
+	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.2/32", "dev", "lo")
+	enterNetns(t, ns)
+	x := loadXDP(t)
+	conn, listener := realConn(t, vip0, client)
+	held := &countingConns{conns: conns{conn: true}}
+
+	const tableSets, framesPerSet = 10, 10_000
+	rng := rand.New(rand.NewPCG(1, 2))
+	out := make([]byte, 2048)
+	verdicts := map[Verdict]int{}
+	reasons := map[DropReason]int{}
+	failures := 0
+	for set := 0; set < tableSets; set++ {
+		g := &gen{rng: rng, conn: conn, listener: listener, vips: []netip.Addr{vip0}}
+		for n := rng.IntN(4); n > 0; n-- {
+			g.vips = append(g.vips, netip.AddrFrom4([4]byte{198, 18, 1, byte(rng.IntN(256))}))
+		}
+		tb := g.tables()
+		if err := x.Update(tb, nodeMAC); err != nil {
+			t.Fatalf("Update: %v", err)
+		}
+		before, err := x.Counters()
+		if err != nil {
+			t.Fatalf("Counters: %v", err)
+		}
+		ref := NewClassifier(tb, nodeMAC, held)
+		want := Counters{}
+		for i := 0; i < framesPerSet; i++ {
+			frame := g.frame()
+			refFrame := append([]byte(nil), frame...)
+			res := ref.Classify(refFrame)
+			want.Count(res)
+			verdicts[res.Verdict]++
+			reasons[res.Reason]++
+			opts := ebpf.RunOptions{Data: frame, DataOut: out}
+			act, err := x.Program().Run(&opts)
+			if err != nil {
+				t.Fatalf("prog.Run: %v", err)
+			}
+			if act != res.Verdict.XDPAction() || !bytes.Equal(opts.DataOut, refFrame) {
+				failures++
+				t.Errorf("set %d frame %d: xdp action %d, reference %+v (want action %d); output equal: %v\nframe %s",
+					set, i, act, res, res.Verdict.XDPAction(), bytes.Equal(opts.DataOut, refFrame), hex.EncodeToString(frame))
+				if failures > 10 {
+					t.FailNow()
+				}
+			}
+		}
+		after, err := x.Counters()
+		if err != nil {
+			t.Fatalf("Counters: %v", err)
+		}
+		if diff := cmp.Diff(noZero(want), sub(after, before)); diff != "" {
+			t.Errorf("set %d counters (-want +got):\n%s", set, diff)
+		}
+	}
+	t.Logf("verdicts %v, reasons %v, real connection found %d times", verdicts, reasons, held.found)
+	// The generator must reach every path the comparison is meant to cover.
+	for _, r := range []DropReason{NoReason, DropNotOwned, DropDirtyNoConn, DropDrainNoConn, DropDisabled, DropMalformed} {
+		if reasons[r] < 50 {
+			t.Errorf("only %d frames with reason %v: the generator misses a path", reasons[r], r)
+		}
+	}
+	if held.found < 50 {
+		t.Errorf("only %d frames found the real connection", held.found)
+	}
+	if verdicts[Pass] < 1000 || verdicts[Accept] < 1000 || verdicts[Drop] < 1000 {
+		t.Errorf("verdict mix %v too thin", verdicts)
+	}
+}
+
+// TestHashAgreement runs the C hash (the shoal_hash_probe program) against
+// filter.Hash on random inputs under many seeds.
+func TestHashAgreement(t *testing.T) {
+	x := loadXDP(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	in := make([]byte, 16)
+	out := make([]byte, 64)
+	for i := 0; i < 20_000; i++ {
+		seed, a, b := rng.Uint32(), rng.Uint32(), rng.Uint32()
+		switch i % 4 {
+		case 1:
+			b = 0
+		case 2:
+			a, b = 0, 0
+		}
+		binary.NativeEndian.PutUint32(in[0:], seed)
+		binary.NativeEndian.PutUint32(in[4:], a)
+		binary.NativeEndian.PutUint32(in[8:], b)
+		opts := ebpf.RunOptions{Data: in, DataOut: out}
+		if _, err := x.objs.ShoalHashProbe.Run(&opts); err != nil {
+			t.Fatalf("run hash probe: %v", err)
+		}
+		got := binary.NativeEndian.Uint32(opts.DataOut[12:])
+		if want := Hash(seed, a, b); got != want {
+			t.Fatalf("Hash(%#x, %#x, %#x): C %#x, Go %#x", seed, a, b, got, want)
+		}
+	}
+}
