@@ -125,7 +125,9 @@ func (s *Store) handleJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := leaderDo(ctx, s,
 		func(ctx context.Context) (Result, error) { return s.joinAsLeader(ctx, info) },
-		func(ctx context.Context, api string) (Result, error) { return s.forward(ctx, api, pathJoin, body, true) })
+		func(ctx context.Context, api string) (Result, error) {
+			return s.forward(ctx, api, pathJoin, body, true)
+		})
 	writeReply(w, res, err)
 }
 

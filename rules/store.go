@@ -326,7 +326,9 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
 	defer cancel()
 	res, err := leaderDo(ctx, s,
 		func(ctx context.Context) (Result, error) { return s.applyLocal(ctx, data) },
-		func(ctx context.Context, api string) (Result, error) { return s.forward(ctx, api, pathApply, data, true) })
+		func(ctx context.Context, api string) (Result, error) {
+			return s.forward(ctx, api, pathApply, data, true)
+		})
 	if err != nil {
 		return res, err
 	}
@@ -565,7 +567,9 @@ func (s *Store) RemoveNode(ctx context.Context, id filter.NodeID) error {
 	defer cancel()
 	_, err = leaderDo(ctx, s,
 		func(ctx context.Context) (Result, error) { return s.removeAsLeader(ctx, id) },
-		func(ctx context.Context, api string) (Result, error) { return s.forward(ctx, api, pathRemove, body, true) })
+		func(ctx context.Context, api string) (Result, error) {
+			return s.forward(ctx, api, pathRemove, body, true)
+		})
 	return err
 }
 
