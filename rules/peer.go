@@ -85,7 +85,8 @@ func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if _, err := DecodeCommand(data); err != nil {
+	cmd, err := DecodeCommand(data)
+	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest) // never let a bad entry into the log
 		return
 	}
@@ -95,7 +96,7 @@ func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.leaderCtx(r)
 	defer cancel()
-	res, err := s.applyLocal(ctx, data)
+	res, err := s.checkAndApply(ctx, cmd, data)
 	writeReply(w, res, err)
 }
 

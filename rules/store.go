@@ -307,29 +307,35 @@ func (s *Store) WaitIndex(ctx context.Context, idx uint64) error {
 }
 
 // Apply commits cmd through Raft from any node: on the leader it is applied
-// here, elsewhere it is forwarded to the leader's peer API. The command is
-// checked against the local state first, so most mistakes fail at once. It
-// returns when the leader has applied the command and, if this node is a
-// follower, when this node has too (or the timeout passed). Business errors
-// wrap ErrInvalid, ErrConflict, ErrUnknownNode, ErrUnknownRule or
-// ErrUnknownVIP; a write that cannot commit within the apply timeout returns
-// ErrNoQuorum, and the local rules stay as they were.
+// here, elsewhere it is forwarded to the leader's peer API. The leader checks
+// the command against its state before proposing it, so a bad command never
+// reaches the log; the node's own check decides at once when it leads, and
+// stands in when no leader can be reached. Apply returns when the leader has
+// applied the command and, on a follower, when this node has too (or the
+// timeout passed). Business errors wrap ErrInvalid, ErrConflict,
+// ErrUnknownNode, ErrUnknownRule or ErrUnknownVIP; a write that cannot commit
+// within the apply timeout returns ErrNoQuorum, and the local rules stay as
+// they were.
 func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
-	if err := s.fsm.current().Check(cmd); err != nil {
-		return Result{}, err
-	}
 	data, err := EncodeCommand(cmd)
 	if err != nil {
 		return Result{}, err
 	}
+	// A follower's state may lag a change that was just committed, so its
+	// verdict is not final unless it leads.
+	localErr := s.fsm.current().Check(cmd)
+	if localErr != nil && s.IsLeader() {
+		return Result{}, localErr
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
 	defer cancel()
 	res, err := leaderDo(ctx, s,
-		func(ctx context.Context) (Result, error) { return s.applyLocal(ctx, data) },
-		func(ctx context.Context, api string) (Result, error) {
-			return s.forward(ctx, api, pathApply, data, true)
-		})
+		func(ctx context.Context) (Result, error) { return s.checkAndApply(ctx, cmd, data) },
+		func(ctx context.Context, api string) (Result, error) { return s.forward(ctx, api, pathApply, data, true) })
 	if err != nil {
+		if localErr != nil && (errors.Is(err, ErrNoQuorum) || errors.Is(err, ErrNotMember)) {
+			return res, localErr
+		}
 		return res, err
 	}
 	// Read your writes: the local state reflects the change when Apply
@@ -338,6 +344,14 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
 		s.log.Warn("rules write committed but not applied here yet", "index", res.Index, "err", err)
 	}
 	return res, nil
+}
+
+// checkAndApply validates cmd against the leader's state, then proposes it.
+func (s *Store) checkAndApply(ctx context.Context, cmd Command, data []byte) (Result, error) {
+	if err := s.fsm.current().Check(cmd); err != nil {
+		return Result{}, err
+	}
+	return s.applyLocal(ctx, data)
 }
 
 // leaderDo runs local on the leader, or remote against the leader's peer
@@ -364,6 +378,9 @@ func leaderDo[T any](ctx context.Context, s *Store, local func(context.Context) 
 				last = fmt.Errorf("leader %s is not in the local registry yet", id)
 			}
 		} else {
+			if !s.hasConfiguration() {
+				return zero, fmt.Errorf("%w: %s has not joined a cluster; join one (shoal join) or bootstrap", ErrNotMember, s.cfg.NodeName)
+			}
 			last = errors.New("no leader known")
 		}
 		select {
@@ -376,6 +393,13 @@ func leaderDo[T any](ctx context.Context, s *Store, local func(context.Context) 
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
+}
+
+// hasConfiguration reports whether this node knows any Raft configuration:
+// false until it bootstraps or is joined.
+func (s *Store) hasConfiguration() bool {
+	f := s.raft.GetConfiguration()
+	return f.Error() == nil && len(f.Configuration().Servers) > 0
 }
 
 // retryable reports whether a forwarded request may be sent again: the
@@ -505,11 +529,12 @@ func (s *Store) Join(ctx context.Context, member string, me NodeInfo) (filter.No
 
 // joinAsLeader registers info and adds it to the Raft configuration.
 func (s *Store) joinAsLeader(ctx context.Context, info NodeInfo) (Result, error) {
-	data, err := EncodeCommand(&RegisterNode{Info: info})
+	cmd := &RegisterNode{Info: info}
+	data, err := EncodeCommand(cmd)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := s.applyLocal(ctx, data)
+	res, err := s.checkAndApply(ctx, cmd, data)
 	if err != nil {
 		return res, err
 	}

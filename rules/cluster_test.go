@@ -1,0 +1,417 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/shoalnet/shoal/filter"
+)
+
+var testKey = []byte("0123456789abcdef0123456789abcdef")
+
+// testTiming is fast enough for tests on loopback.
+var testTiming = Timing{
+	HeartbeatTimeout:   300 * time.Millisecond,
+	ElectionTimeout:    300 * time.Millisecond,
+	LeaderLeaseTimeout: 100 * time.Millisecond,
+	CommitTimeout:      5 * time.Millisecond,
+}
+
+// testNode is one agent's rules store with its peer API on loopback. The
+// addresses survive restarts, as a real node's do.
+type testNode struct {
+	t        *testing.T
+	name     string
+	dir      string
+	raftAddr string
+	apiAddr  string
+	key      []byte
+	timing   Timing
+	store    *Store
+	srv      *http.Server
+}
+
+func newTestNode(t *testing.T, name string) *testNode {
+	return &testNode{t: t, name: name, dir: t.TempDir(), raftAddr: "127.0.0.1:0", key: testKey, timing: testTiming}
+}
+
+// start opens the store and serves its peer API.
+func (n *testNode) start(bootstrap bool) {
+	n.t.Helper()
+	listenAddr := n.apiAddr
+	if listenAddr == "" {
+		listenAddr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", listenAddr)
+	if err != nil {
+		n.t.Fatalf("%s: listen for peer api: %v", n.name, err)
+	}
+	n.apiAddr = ln.Addr().String()
+	s, err := Open(StoreConfig{
+		NodeName:      n.name,
+		DataDir:       n.dir,
+		RaftBind:      n.raftAddr,
+		HeartbeatAddr: "127.0.0.1:7946",
+		APIAddr:       n.apiAddr,
+		Key:           n.key,
+		Bootstrap:     bootstrap,
+		Timing:        n.timing,
+		Logger:        slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		ln.Close()
+		n.t.Fatalf("%s: open: %v", n.name, err)
+	}
+	n.store = s
+	n.raftAddr = s.RaftAddr()
+	n.srv = &http.Server{Handler: s.PeerHandler()}
+	go n.srv.Serve(ln)
+	n.t.Cleanup(n.stop)
+}
+
+// stop kills the node: raft, storage and peer API. Its state dir stays.
+func (n *testNode) stop() {
+	if n.store == nil {
+		return
+	}
+	n.srv.Close()
+	if err := n.store.Close(); err != nil {
+		n.t.Errorf("%s: close: %v", n.name, err)
+	}
+	n.store = nil
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newCluster bootstraps nodes[0] and joins the others, each through the
+// node before it (so a follower forwards the join to the leader).
+func newCluster(t *testing.T, size int) []*testNode {
+	t.Helper()
+	nodes := make([]*testNode, size)
+	for i := range nodes {
+		nodes[i] = newTestNode(t, fmt.Sprintf("n%d", i+1))
+	}
+	nodes[0].start(true)
+	for i, n := range nodes[1:] {
+		n.start(false)
+		id, err := n.store.Join(testCtx(t, 10*time.Second), nodes[i].apiAddr, NodeInfo{})
+		if err != nil {
+			t.Fatalf("%s joins through %s: %v", n.name, nodes[i].name, err)
+		}
+		if id != filter.NodeID(i+2) {
+			t.Errorf("%s got node id %d, want %d", n.name, id, i+2)
+		}
+	}
+	waitConverged(t, nodes)
+	return nodes
+}
+
+// poll calls f until it returns nil or the deadline passes.
+func poll(t *testing.T, d time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitConverged waits until every running node holds the same state.
+func waitConverged(t *testing.T, nodes []*testNode) *State {
+	t.Helper()
+	var first *State
+	poll(t, 10*time.Second, "replicas converge", func() error {
+		first = nil
+		for _, n := range nodes {
+			if n.store == nil {
+				continue
+			}
+			s := n.store.State()
+			if first == nil {
+				first = s
+				continue
+			}
+			if diff := cmp.Diff(first, s, stateOpts); diff != "" {
+				return fmt.Errorf("%s differs (-first +%s):\n%s", n.name, n.name, diff)
+			}
+		}
+		return nil
+	})
+	return first
+}
+
+func leaderOf(t *testing.T, nodes []*testNode) (leader *testNode, followers []*testNode) {
+	t.Helper()
+	poll(t, 10*time.Second, "a leader is elected", func() error {
+		leader, followers = nil, nil
+		for _, n := range nodes {
+			switch {
+			case n.store == nil:
+			case n.store.IsLeader():
+				leader = n
+			default:
+				followers = append(followers, n)
+			}
+		}
+		if leader == nil {
+			return errors.New("no leader")
+		}
+		return nil
+	})
+	return leader, followers
+}
+
+func mustApply(t *testing.T, n *testNode, cmd Command) Result {
+	t.Helper()
+	res, err := n.store.Apply(testCtx(t, 10*time.Second), cmd)
+	if err != nil {
+		t.Fatalf("%s: apply %T: %v", n.name, cmd, err)
+	}
+	return res
+}
+
+func putRule(port uint16) *PutRule {
+	return &PutRule{Rule: filter.Rule{VIP: vip1, PortLo: port, PortHi: port, Proto: filter.ProtoTCP}}
+}
+
+func TestClusterWritesFromFollower(t *testing.T) {
+	nodes := newCluster(t, 3)
+	_, followers := leaderOf(t, nodes)
+	f := followers[0]
+	mustApply(t, f, &PutVIP{VIP: vip1})
+	res := mustApply(t, f, putRule(80))
+	if res.RuleID != 1 {
+		t.Errorf("rule id = %d, want 1", res.RuleID)
+	}
+	// Read your writes: the follower has the rule when Apply returns.
+	if got := f.store.State(); got.Rule(1) == nil || got.Index < res.Index {
+		t.Errorf("%s state after apply: index %d, rule 1 %v; want index >= %d with the rule", f.name, got.Index, got.Rule(1), res.Index)
+	}
+	mustApply(t, followers[1], &SetWeight{Rule: 1, Node: 3, Weight: 10})
+	// A business error comes back from the leader with its sentinel.
+	if _, err := f.store.Apply(testCtx(t, 5*time.Second), putRule(80)); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "overlaps rule 1") {
+		t.Errorf("overlapping rule from a follower: err = %v, want ErrConflict naming rule 1", err)
+	}
+	s := waitConverged(t, nodes)
+	if w := s.Node(3).Rules[1].Weight; w != 10 {
+		t.Errorf("node 3 weight on rule 1 = %d, want 10", w)
+	}
+	if got := len(s.Nodes); got != 3 {
+		t.Errorf("%d nodes registered, want 3", got)
+	}
+	for _, n := range nodes {
+		if name, ok := n.store.Leader(); !ok || name == "" {
+			t.Errorf("%s knows no leader", n.name)
+		}
+	}
+}
+
+func TestClusterLeaderFailover(t *testing.T) {
+	nodes := newCluster(t, 3)
+	leader, followers := leaderOf(t, nodes)
+	mustApply(t, followers[0], &PutVIP{VIP: vip1})
+	leader.stop()
+	newLeader, _ := leaderOf(t, followers)
+	if newLeader == leader {
+		t.Fatal("the stopped node is still leader")
+	}
+	for _, n := range followers {
+		mustApply(t, n, putRule(uint16(8000+len(n.name))+uint16(n.name[1])))
+	}
+	s := waitConverged(t, followers)
+	if len(s.Rules) != 2 || !s.HasVIP(vip1) {
+		t.Errorf("after failover: vips %v, %d rules; want vip1 and 2 rules", s.VIPs, len(s.Rules))
+	}
+}
+
+func TestClusterFollowerCatchesUp(t *testing.T) {
+	nodes := newCluster(t, 3)
+	_, followers := leaderOf(t, nodes)
+	down := followers[0]
+	down.stop()
+	mustApply(t, followers[1], &PutVIP{VIP: vip1})
+	for p := uint16(1); p <= 20; p++ {
+		mustApply(t, followers[1], putRule(p))
+	}
+	down.start(false)
+	s := waitConverged(t, nodes)
+	if len(s.Rules) != 20 {
+		t.Errorf("%d rules after catch-up, want 20", len(s.Rules))
+	}
+}
+
+func TestClusterFullRestartKeepsRules(t *testing.T) {
+	nodes := newCluster(t, 3)
+	mustApply(t, nodes[2], &PutVIP{VIP: vip1})
+	mustApply(t, nodes[2], &PutVIP{VIP: vip2})
+	for p := uint16(1); p <= 10; p++ {
+		mustApply(t, nodes[p%3], putRule(p))
+	}
+	mustApply(t, nodes[1], &PutRule{Rule: filter.Rule{VIP: vip2, PortLo: 443, PortHi: 443, Proto: filter.ProtoBoth, Mode: filter.ModeSingle}})
+	mustApply(t, nodes[0], &SetWeight{Rule: 3, Node: 2, Weight: 0})
+	mustApply(t, nodes[0], &SetHandlingPriority{Rule: 11, Node: 3, Priority: 9})
+	mustApply(t, nodes[0], &SetAdminState{Node: 1, State: AdminDraining})
+	mustApply(t, nodes[0], &SetRuleState{Rules: []filter.RuleID{4, 5}, State: filter.RuleDisabled})
+	before := waitConverged(t, nodes)
+	for _, n := range nodes {
+		n.stop()
+	}
+	for _, n := range nodes {
+		n.start(false) // existing state: no bootstrap flag needed
+	}
+	leaderOf(t, nodes)
+	poll(t, 10*time.Second, "every node replays its rules", func() error {
+		for _, n := range nodes {
+			if got := n.store.State(); got.Index < before.Index {
+				return fmt.Errorf("%s at index %d, want %d", n.name, got.Index, before.Index)
+			}
+		}
+		return nil
+	})
+	after := waitConverged(t, nodes)
+	if diff := cmp.Diff(before, after, stateOpts); diff != "" {
+		t.Errorf("state after a full restart (-before +after):\n%s", diff)
+	}
+	mustApply(t, nodes[1], putRule(99)) // and the cluster still takes writes
+}
+
+func TestTwoNodesOneDownNoQuorum(t *testing.T) {
+	for _, stop := range []string{"leader", "follower"} {
+		t.Run("stop "+stop, func(t *testing.T) {
+			nodes := newCluster(t, 2)
+			mustApply(t, nodes[1], &PutVIP{VIP: vip1})
+			mustApply(t, nodes[1], putRule(80))
+			leader, followers := leaderOf(t, nodes)
+			survivor := leader
+			if stop == "leader" {
+				leader.stop()
+				survivor = followers[0]
+			} else {
+				followers[0].stop()
+			}
+			start := time.Now()
+			_, err := survivor.store.Apply(context.Background(), putRule(81))
+			took := time.Since(start)
+			if !errors.Is(err, ErrNoQuorum) {
+				t.Fatalf("apply with 1 of 2 voters: err = %v, want ErrNoQuorum", err)
+			}
+			if !strings.Contains(err.Error(), "1 of 2 voters reachable") {
+				t.Errorf("error %q does not say how many voters are reachable", err)
+			}
+			if took > DefaultApplyTimeout+2*time.Second {
+				t.Errorf("apply took %v to fail, want about %v", took, DefaultApplyTimeout)
+			}
+			// Reads still work, from the last applied state.
+			s := survivor.store.State()
+			if s.Rule(1) == nil || s.Rule(2) != nil {
+				t.Errorf("survivor's rules: %+v, want rule 1 only", s.Rules)
+			}
+		})
+	}
+}
+
+func TestClusterRemoveDeadNodeAndLeave(t *testing.T) {
+	nodes := newCluster(t, 3)
+	nodes[2].stop()
+	// Any node may remove a dead one; a follower forwards to the leader.
+	_, followers := leaderOf(t, nodes[:2])
+	var from *testNode = nodes[0]
+	if len(followers) > 0 {
+		from = followers[0]
+	}
+	if err := from.store.RemoveNode(testCtx(t, 10*time.Second), 3); err != nil {
+		t.Fatalf("remove dead node 3: %v", err)
+	}
+	s := waitConverged(t, nodes[:2])
+	if s.Node(3) != nil || len(s.Nodes) != 2 {
+		t.Errorf("registry after removing node 3: %+v", s.Nodes)
+	}
+	if m, err := nodes[0].store.Members(); err != nil || len(m) != 2 {
+		t.Errorf("raft members after removing node 3: %+v, %v; want 2", m, err)
+	}
+	if err := nodes[1].store.Leave(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatalf("n2 leaves: %v", err)
+	}
+	poll(t, 10*time.Second, "n2 is gone from n1's registry and raft", func() error {
+		m, err := nodes[0].store.Members()
+		if err != nil {
+			return err
+		}
+		if len(m) != 1 || nodes[0].store.State().Node(2) != nil {
+			return fmt.Errorf("members %+v, registry %+v", m, nodes[0].store.State().Nodes)
+		}
+		return nil
+	})
+	nodes[1].stop()
+	mustApply(t, nodes[0], &PutVIP{VIP: vip1}) // n1 alone is a quorum
+	if err := nodes[0].store.Leave(testCtx(t, 5*time.Second)); !errors.Is(err, ErrConflict) {
+		t.Errorf("the last voter leaves: err = %v, want ErrConflict", err)
+	}
+}
+
+func TestJoinBeyondFiveVotersAddsNonvoters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("6-node cluster; skipped with -short")
+	}
+	nodes := newCluster(t, 6)
+	members, err := nodes[0].store.Members()
+	if err != nil {
+		t.Fatal(err)
+	}
+	voters := 0
+	for _, m := range members {
+		if m.Voter {
+			voters++
+		} else if m.Name != "n6" {
+			t.Errorf("%s is a non-voter, want only n6", m.Name)
+		}
+	}
+	if voters != MaxVoters || len(members) != 6 {
+		t.Errorf("%d members with %d voters, want 6 with %d", len(members), voters, MaxVoters)
+	}
+	mustApply(t, nodes[5], &PutVIP{VIP: vip1}) // a non-voter forwards writes too
+	waitConverged(t, nodes)
+}
+
+func TestJoinWithWrongKeyRefused(t *testing.T) {
+	nodes := newCluster(t, 1)
+	bad := newTestNode(t, "intruder")
+	bad.key = []byte("fedcba9876543210fedcba9876543210")
+	bad.start(false)
+	_, err := bad.store.Join(testCtx(t, 5*time.Second), nodes[0].apiAddr, NodeInfo{})
+	if !errors.Is(err, ErrAuth) {
+		t.Fatalf("join with the wrong key: err = %v, want ErrAuth", err)
+	}
+	if s := nodes[0].store.State(); len(s.Nodes) != 1 {
+		t.Errorf("registry after a refused join: %+v", s.Nodes)
+	}
+}
+
+func TestApplyWithoutClusterFails(t *testing.T) {
+	n := newTestNode(t, "lonely")
+	n.start(false)
+	ctx := testCtx(t, 5*time.Second)
+	_, err := n.store.Apply(ctx, &InitCluster{Settings: testSettings()})
+	if !errors.Is(err, ErrNotMember) {
+		t.Errorf("apply on a node that joined nothing: err = %v, want ErrNotMember", err)
+	}
+}
