@@ -76,14 +76,14 @@ func SignRequest(req *http.Request, key []byte, now time.Time) error {
 // (SignRequest) within MaxSkew of now; others get 401 Unauthorized. The
 // agent wraps its own peer endpoints with it too.
 func Authenticate(key []byte, h http.Handler) http.Handler {
-	return authenticate(key, h, time.Now)
+	return authenticate(key, h, time.Now, slog.Default())
 }
 
-func authenticate(key []byte, h http.Handler, now func() time.Time) http.Handler {
+func authenticate(key []byte, h http.Handler, now func() time.Time, log *slog.Logger) http.Handler {
 	key = bytes.Clone(key)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := verify(key, r, now()); err != nil {
-			slog.Warn("refused peer request", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
+			log.Warn("refused peer request", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
 			http.Error(w, "unauthorized: "+err.Error(), http.StatusUnauthorized)
 			return
 		}

@@ -3,6 +3,7 @@ package rules
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,7 +18,7 @@ func TestAuthenticate(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		gotBody = string(b)
 		w.WriteHeader(http.StatusNoContent)
-	}), func() time.Time { return now })
+	}), func() time.Time { return now }, slog.New(slog.DiscardHandler))
 	otherKey := bytes.Repeat([]byte{7}, KeySize)
 
 	tests := []struct {

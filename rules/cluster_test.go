@@ -29,18 +29,19 @@ var testTiming = Timing{
 // testNode is one agent's rules store with its peer API on loopback. The
 // addresses survive restarts, as a real node's do.
 type testNode struct {
-	t        *testing.T
+	t        testing.TB
 	name     string
 	dir      string
 	raftAddr string
 	apiAddr  string
 	key      []byte
 	timing   Timing
+	noSync   bool
 	store    *Store
 	srv      *http.Server
 }
 
-func newTestNode(t *testing.T, name string) *testNode {
+func newTestNode(t testing.TB, name string) *testNode {
 	return &testNode{t: t, name: name, dir: t.TempDir(), raftAddr: "127.0.0.1:0", key: testKey, timing: testTiming}
 }
 
@@ -65,6 +66,7 @@ func (n *testNode) start(bootstrap bool) {
 		Key:           n.key,
 		Bootstrap:     bootstrap,
 		Timing:        n.timing,
+		NoSync:        n.noSync,
 		Logger:        slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -90,7 +92,7 @@ func (n *testNode) stop() {
 	n.store = nil
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
+func testCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
@@ -98,11 +100,17 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 
 // newCluster bootstraps nodes[0] and joins the others, each through the
 // node before it (so a follower forwards the join to the leader).
-func newCluster(t *testing.T, size int) []*testNode {
+func newCluster(t testing.TB, size int) []*testNode {
+	return newClusterTiming(t, size, testTiming, false)
+}
+
+func newClusterTiming(t testing.TB, size int, timing Timing, noSync bool) []*testNode {
 	t.Helper()
 	nodes := make([]*testNode, size)
 	for i := range nodes {
 		nodes[i] = newTestNode(t, fmt.Sprintf("n%d", i+1))
+		nodes[i].timing = timing
+		nodes[i].noSync = noSync
 	}
 	nodes[0].start(true)
 	for i, n := range nodes[1:] {
@@ -120,7 +128,7 @@ func newCluster(t *testing.T, size int) []*testNode {
 }
 
 // poll calls f until it returns nil or the deadline passes.
-func poll(t *testing.T, d time.Duration, what string, f func() error) {
+func poll(t testing.TB, d time.Duration, what string, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -136,7 +144,7 @@ func poll(t *testing.T, d time.Duration, what string, f func() error) {
 }
 
 // waitConverged waits until every running node holds the same state.
-func waitConverged(t *testing.T, nodes []*testNode) *State {
+func waitConverged(t testing.TB, nodes []*testNode) *State {
 	t.Helper()
 	var first *State
 	poll(t, 10*time.Second, "replicas converge", func() error {
@@ -159,7 +167,7 @@ func waitConverged(t *testing.T, nodes []*testNode) *State {
 	return first
 }
 
-func leaderOf(t *testing.T, nodes []*testNode) (leader *testNode, followers []*testNode) {
+func leaderOf(t testing.TB, nodes []*testNode) (leader *testNode, followers []*testNode) {
 	t.Helper()
 	poll(t, 10*time.Second, "a leader is elected", func() error {
 		leader, followers = nil, nil
@@ -180,7 +188,7 @@ func leaderOf(t *testing.T, nodes []*testNode) (leader *testNode, followers []*t
 	return leader, followers
 }
 
-func mustApply(t *testing.T, n *testNode, cmd Command) Result {
+func mustApply(t testing.TB, n *testNode, cmd Command) Result {
 	t.Helper()
 	res, err := n.store.Apply(testCtx(t, 10*time.Second), cmd)
 	if err != nil {

@@ -23,13 +23,13 @@ var (
 
 // testFSM feeds commands to an fsm as raft log entries, numbering them.
 type testFSM struct {
-	t       *testing.T
+	t       testing.TB
 	f       *fsm
 	index   uint64
 	notices int
 }
 
-func newTestFSM(t *testing.T) *testFSM {
+func newTestFSM(t testing.TB) *testFSM {
 	tf := &testFSM{t: t}
 	tf.f = newFSM(func() { tf.notices++ })
 	return tf
@@ -69,7 +69,7 @@ func testSettings() Settings {
 // seeded returns an fsm holding a small cluster: two VIPs, three nodes
 // (ids 1-3, host priorities 1-3), rule 1 (tcp vip1:80) and rule 2 (udp
 // all vips 5000-5100, single host).
-func seeded(t *testing.T) *testFSM {
+func seeded(t testing.TB) *testFSM {
 	tf := newTestFSM(t)
 	tf.mustApply(&InitCluster{Settings: testSettings()})
 	tf.mustApply(&PutVIP{VIP: vip1})

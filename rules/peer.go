@@ -58,7 +58,7 @@ func (s *Store) PeerHandler() http.Handler {
 	mux.HandleFunc("GET "+pathState, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.fsm.current())
 	})
-	return Authenticate(s.cfg.Key, mux)
+	return authenticate(s.cfg.Key, mux, time.Now, s.log)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

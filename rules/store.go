@@ -331,7 +331,9 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
 	defer cancel()
 	res, err := leaderDo(ctx, s,
 		func(ctx context.Context) (Result, error) { return s.checkAndApply(ctx, cmd, data) },
-		func(ctx context.Context, api string) (Result, error) { return s.forward(ctx, api, pathApply, data, true) })
+		func(ctx context.Context, api string) (Result, error) {
+			return s.forward(ctx, api, pathApply, data, true)
+		})
 	if err != nil {
 		if localErr != nil && (errors.Is(err, ErrNoQuorum) || errors.Is(err, ErrNotMember)) {
 			return res, localErr
