@@ -40,7 +40,8 @@ func TestRunCounts(t *testing.T) {
 		wantConns func(conns, requests int) bool
 	}{
 		{"new connection per request", false, func(c, r int) bool { return c == r }},
-		{"keep-alive", true, func(c, r int) bool { return c <= 4 }},
+		// The transport may dial a spare while a connection returns to the pool.
+		{"keep-alive", true, func(c, r int) bool { return c <= 8 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
