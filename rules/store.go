@@ -147,10 +147,16 @@ func (s *Store) open() error {
 		}
 		adv = a
 	}
-	trans, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, adv, 3, 5*time.Second, hl)
+	stream, err := listenAuthStream(cfg.RaftBind, adv, cfg.Key, s.log)
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", cfg.RaftBind, err)
 	}
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  stream,
+		MaxPool: 3,
+		Timeout: 5 * time.Second,
+		Logger:  hl,
+	})
 	s.trans = trans
 
 	rc := raft.DefaultConfig()
