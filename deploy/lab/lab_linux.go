@@ -1,0 +1,529 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Options configure a lab.
+type Options struct {
+	Nodes  int           // node namespaces; 3 if zero
+	Binary string        // the shoal binary the namespaces run; os.Executable() if empty
+	Base   string        // state and work directories; DefaultBase if empty
+	Period time.Duration // agents' heartbeat period; the agent's default if zero
+	// NoAgents builds the network only: no agent, no HTTP server, no rule.
+	NoAgents bool
+	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
+	ReadyTimeout time.Duration
+	Log          *slog.Logger // discards if nil
+}
+
+// Lab is a running lab.
+type Lab struct {
+	State
+	log *slog.Logger
+	ctl Ctl
+
+	mu    sync.Mutex
+	waits map[int]chan struct{} // closed when a child started by this process exits
+}
+
+// Up builds a lab and, unless o.NoAgents, starts every agent and HTTP server
+// and waits until the cluster has converged with the default port rule in
+// place. On any failure, or when ctx ends, it removes what it made.
+func Up(ctx context.Context, o Options) (l *Lab, err error) {
+	if o.Nodes == 0 {
+		o.Nodes = 3
+	}
+	if o.Base == "" {
+		o.Base = DefaultBase
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 30 * time.Second
+	}
+	if o.Binary == "" {
+		if o.Binary, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("lab: find the shoal binary: %w", err)
+		}
+	}
+	if err := os.MkdirAll(o.Base, 0o700); err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	st, err := allocate(o.Base, o.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	st.Binary = o.Binary
+	st.Created = time.Now()
+	l = &Lab{State: *st, log: o.Log.With("lab", st.ID), ctl: Ctl{Binary: o.Binary}, waits: map[int]chan struct{}{}}
+	defer func() {
+		if err != nil {
+			l.log.Warn("lab up failed, removing it", "err", err)
+			if derr := l.Down(context.Background()); derr != nil {
+				err = errors.Join(err, derr)
+			}
+			l = nil
+		}
+	}()
+	if err := os.MkdirAll(l.Dir, 0o700); err != nil {
+		return l, fmt.Errorf("lab: %w", err)
+	}
+	if err := l.Save(); err != nil {
+		return l, err
+	}
+	if err := l.network(ctx); err != nil {
+		return l, err
+	}
+	if o.NoAgents {
+		return l, nil
+	}
+	if err := l.startCluster(ctx, o.Period); err != nil {
+		return l, err
+	}
+	if err := l.waitReady(ctx, o.ReadyTimeout); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+// allocate picks an unused lab id and subnet. The state file is the claim:
+// it is created exclusively.
+func allocate(base string, nodes int) (*State, error) {
+	used := map[int]bool{}
+	ids, _ := List(base)
+	for _, id := range ids {
+		if s, err := LoadState(base, id); err == nil {
+			used[s.Subnet] = true
+		}
+	}
+	for range 100 {
+		id, err := newID()
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(ids, id) {
+			continue
+		}
+		n, err := rand.Int(rand.Reader, big.NewInt(254))
+		if err != nil {
+			return nil, err
+		}
+		subnet := int(n.Int64()) + 1
+		if used[subnet] {
+			continue
+		}
+		st, err := Layout(base, id, subnet, nodes)
+		if err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(StatePath(base, id), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lab: claim %s: %w", id, err)
+		}
+		f.Close()
+		return st, nil
+	}
+	return nil, errors.New("lab: no free lab id; remove old labs with `shoal lab down`")
+}
+
+// ip runs iproute2.
+func ip(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return out.String(), nil
+}
+
+// addNamespace records ns in the state file, then creates it, so a crash
+// in between leaves nothing Down does not know of.
+func (l *Lab) addNamespace(ctx context.Context, ns string) error {
+	l.mu.Lock()
+	l.Namespaces = append(l.Namespaces, ns)
+	err := l.Save()
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if _, err := ip(ctx, "netns", "add", ns); err != nil {
+		return err
+	}
+	_, err = ip(ctx, "-n", ns, "link", "set", "lo", "up")
+	return err
+}
+
+// network builds the namespaces, the bridge and the veth pairs.
+func (l *Lab) network(ctx context.Context) error {
+	if err := l.addNamespace(ctx, l.Switch); err != nil {
+		return err
+	}
+	// Snooping off: the bridge must flood frames to the cluster MAC to every
+	// port, whatever it learned of multicast groups.
+	if _, err := ip(ctx, "-n", l.Switch, "link", "add", Bridge, "type", "bridge", "mcast_snooping", "0"); err != nil {
+		return err
+	}
+	if _, err := ip(ctx, "-n", l.Switch, "link", "set", Bridge, "up"); err != nil {
+		return err
+	}
+	for _, h := range append([]Host{l.Client}, l.Nodes...) {
+		if err := l.addNamespace(ctx, h.Namespace); err != nil {
+			return err
+		}
+		steps := [][]string{
+			// Both ends are born in namespaces the lab owns: nothing ever
+			// appears in the root namespace.
+			{"-n", l.Switch, "link", "add", h.BridgePort, "type", "veth", "peer", "name", Interface, "netns", h.Namespace},
+			{"-n", l.Switch, "link", "set", h.BridgePort, "master", Bridge},
+			{"-n", l.Switch, "link", "set", h.BridgePort, "up"},
+			{"-n", h.Namespace, "addr", "add", h.Addr.String() + "/24", "dev", Interface},
+			{"-n", h.Namespace, "link", "set", Interface, "up"},
+		}
+		for _, s := range steps {
+			if _, err := ip(ctx, s...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// startCluster writes the key and the configs and starts every agent and
+// HTTP server.
+func (l *Lab) startCluster(ctx context.Context, period time.Duration) error {
+	var key [32]byte
+	if _, err := rand.Read(key[:]); err != nil {
+		return err
+	}
+	if err := os.WriteFile(l.KeyFile, []byte(hex.EncodeToString(key[:])+"\n"), 0o600); err != nil {
+		return fmt.Errorf("lab: cluster key: %w", err)
+	}
+	for i, n := range l.Nodes {
+		if err := os.MkdirAll(n.DataDir, 0o700); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+		b, err := l.AgentConfig(i, period).Marshal()
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(n.Config, b, 0o600); err != nil {
+			return fmt.Errorf("lab: agent config: %w", err)
+		}
+	}
+	for _, n := range l.Nodes {
+		if _, err := l.Start(n.Name, "agent", "agent", "--config", n.Config); err != nil {
+			return err
+		}
+		if _, err := l.Start(n.Name, "serve", "lab", "serve", "--name", n.Name,
+			"--listen", fmt.Sprintf("%s:%d", l.VIP, HTTPPort)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Start runs the shoal binary with args in host's namespace, as a process of
+// its own session (a Ctrl-C on the terminal reaches only the lab), logging
+// to <dir>/<host>.<role>.log, and records it for Down.
+func (l *Lab) Start(host, role string, args ...string) (Proc, error) {
+	h, ok := l.HostByName(host)
+	if !ok {
+		return Proc{}, fmt.Errorf("lab: no host %q", host)
+	}
+	logPath := filepath.Join(l.Dir, host+"."+role+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return Proc{}, fmt.Errorf("lab: %w", err)
+	}
+	defer f.Close()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", h.Namespace, l.Binary}, args...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return Proc{}, fmt.Errorf("lab: start %s on %s: %w", role, host, err)
+	}
+	p := Proc{PID: cmd.Process.Pid, Role: role, Host: host, Log: logPath}
+	_, p.Start, _ = procStat(p.PID)
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	l.mu.Lock()
+	l.waits[p.PID] = done
+	l.Procs = append(l.Procs, p)
+	err = l.Save()
+	l.mu.Unlock()
+	l.log.Debug("started", "host", host, "role", role, "pid", p.PID)
+	return p, err
+}
+
+// Exited returns a channel closed when a process this Lab started exits,
+// or nil for processes it did not start.
+func (l *Lab) Exited(p Proc) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waits[p.PID]
+}
+
+// Statuses returns every node's status, in node order.
+func (l *Lab) Statuses(ctx context.Context, nodes []Host) ([]NodeStatus, error) {
+	out := make([]NodeStatus, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i], errs[i] = l.ctl.Status(ctx, n.Socket)
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// poll calls check every interval until it returns nil, the deadline passes
+// or ctx ends; the error then carries check's last answer.
+func poll(ctx context.Context, timeout, interval time.Duration, check func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %v: %w", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(interval):
+		}
+	}
+}
+
+// waitReady waits for convergence, adds the default rule through node1 and
+// waits for every node to apply it and cover its buckets.
+func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
+	var st []NodeStatus
+	if err := poll(ctx, timeout, 100*time.Millisecond, func() error {
+		if err := l.agentsAlive(); err != nil {
+			return err
+		}
+		var err error
+		if st, err = l.Statuses(ctx, l.Nodes); err != nil {
+			return err
+		}
+		return Ready(st, len(l.Nodes))
+	}); err != nil {
+		return fmt.Errorf("lab: cluster did not converge: %w", err)
+	}
+	l.log.Info("cluster converged", "nodes", len(l.Nodes))
+	if err := l.ctl.AddRule(ctx, l.Nodes[0].Socket, l.VIP.String(), HTTPPort); err != nil {
+		return fmt.Errorf("lab: add the default rule: %w", err)
+	}
+	first, err := l.ctl.Status(ctx, l.Nodes[0].Socket)
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	if err := poll(ctx, timeout, 50*time.Millisecond, func() error {
+		st, err := l.Statuses(ctx, l.Nodes)
+		if err != nil {
+			return err
+		}
+		if err := RulesAt(st, first.RulesIndex); err != nil {
+			return err
+		}
+		if err := Ready(st, len(l.Nodes)); err != nil {
+			return err
+		}
+		if len(RuleIDs(st)) < 2 { // the default host's rule and ours
+			return fmt.Errorf("rules accepted %v, want the port rule too", RuleIDs(st))
+		}
+		return CoverFull(st, RuleIDs(st))
+	}); err != nil {
+		return fmt.Errorf("lab: the default rule did not reach every node: %w", err)
+	}
+	l.log.Info("lab ready", "vip", l.VIP)
+	return nil
+}
+
+// agentsAlive returns an error naming the first agent that exited, with the
+// tail of its log.
+func (l *Lab) agentsAlive() error {
+	l.mu.Lock()
+	procs := slices.Clone(l.Procs)
+	l.mu.Unlock()
+	for _, p := range procs {
+		if !alive(p) {
+			return fmt.Errorf("%s %s exited: %s", p.Host, p.Role, tail(p.Log, 800))
+		}
+	}
+	return nil
+}
+
+// tail returns the last n bytes of a file.
+func tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(-n, io.SeekEnd)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.TrimSpace(string(b))
+}
+
+// Down stops the lab's processes (SIGTERM, SIGKILL after 5 s), deletes its
+// namespaces (with their links) and its files. It is safe to call twice and
+// on a lab that was only half built.
+func (l *Lab) Down(ctx context.Context) error {
+	l.mu.Lock()
+	procs := slices.Clone(l.Procs)
+	l.mu.Unlock()
+	var errs []error
+	if killed := stopProcs(procs, 5*time.Second); len(killed) > 0 {
+		l.log.Warn("processes did not stop on SIGTERM, killed", "count", len(killed))
+	}
+	for _, p := range procs {
+		if ch := l.Exited(p); ch != nil {
+			select {
+			case <-ch:
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}
+	nss := slices.Clone(l.Namespaces)
+	if out, err := ip(ctx, "netns", "list"); err == nil {
+		for _, ns := range parseNetnsList(out) {
+			if id, ok := labOfNamespace(ns); ok && id == l.ID && !slices.Contains(nss, ns) {
+				nss = append(nss, ns)
+			}
+		}
+	}
+	for _, ns := range slices.Backward(nss) {
+		if err := deleteNamespace(ctx, ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(l.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("lab: %w", err))
+		}
+		if err := os.Remove(StatePath(l.Base, l.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("lab: %w", err))
+		}
+	}
+	l.mu.Lock()
+	l.Procs = nil
+	l.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// deleteNamespace kills whatever still runs in ns (it is the lab's own
+// namespace, so only the lab's processes) and deletes it.
+func deleteNamespace(ctx context.Context, ns string) error {
+	if _, err := os.Stat(filepath.Join("/run/netns", ns)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if out, err := ip(ctx, "netns", "pids", ns); err == nil {
+		for _, f := range strings.Fields(out) {
+			var pid int
+			if _, err := fmt.Sscan(f, &pid); err == nil && pid > 1 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	_, err := ip(ctx, "netns", "del", ns)
+	return err
+}
+
+// List returns the ids of the labs under base and of leftover namespaces
+// that carry a lab's prefix, sorted.
+func List(base string) ([]string, error) {
+	set := map[string]bool{}
+	files, _ := filepath.Glob(filepath.Join(base, "shl*.json"))
+	for _, f := range files {
+		id := strings.TrimSuffix(filepath.Base(f), ".json")
+		if idPattern.MatchString(id) {
+			set[id] = true
+		}
+	}
+	out, err := ip(context.Background(), "netns", "list")
+	if err != nil {
+		return nil, err
+	}
+	for _, ns := range parseNetnsList(out) {
+		if id, ok := labOfNamespace(ns); ok {
+			set[id] = true
+		}
+	}
+	ids := make([]string, 0, len(set))
+	for id := range set {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// Open returns the lab id from its state file; a lab whose state file is
+// gone (a crash before the first save) is rebuilt from its namespaces, so
+// Down can still remove it.
+func Open(base, id string, log *slog.Logger) (*Lab, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if !idPattern.MatchString(id) {
+		return nil, fmt.Errorf("%w: %q", ErrBadID, id)
+	}
+	st, err := LoadState(base, id)
+	if err != nil {
+		// A crash right after the id was claimed leaves an empty state file.
+		log.Warn("no usable state file, removing the lab by its namespaces", "lab", id, "err", err)
+		st = &State{ID: id, Base: base, Dir: filepath.Join(base, id)}
+	}
+	return &Lab{State: *st, log: log.With("lab", id), ctl: Ctl{Binary: st.Binary}, waits: map[int]chan struct{}{}}, nil
+}
+
+// DownAll removes every lab under base and every leftover lab namespace.
+func DownAll(ctx context.Context, base string, log *slog.Logger) ([]string, error) {
+	ids, err := List(base)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, id := range ids {
+		l, err := Open(base, id, log)
+		if err == nil {
+			err = l.Down(ctx)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("lab %s: %w", id, err))
+		}
+	}
+	return ids, errors.Join(errs...)
+}

@@ -1,0 +1,98 @@
+package lab
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/shoalnet/shoal/deploy/lab/load"
+)
+
+// Report is what `shoal lab run` measured.
+type Report struct {
+	Lab        string  `json:"lab"`
+	Nodes      int     `json:"nodes"`
+	VIP        string  `json:"vip"`
+	ClusterMAC string  `json:"cluster_mac"` // what the VIP must resolve to
+	ClientARP  string  `json:"client_arp"`  // what the client resolved it to
+	Period     string  `json:"heartbeat_period,omitempty"`
+	Victim     string  `json:"victim"`     // the node whose plug was pulled
+	PullAtMS   float64 `json:"pull_at_ms"` // into the "during" traffic
+	// FailoverMS is the time from the pull until every bucket of every rule
+	// was accepted again by the survivors, all converged without the victim;
+	// -1 if that did not happen within the timeout.
+	FailoverMS float64     `json:"failover_ms"`
+	Before     load.Result `json:"before"`
+	During     load.Result `json:"during"`
+	After      load.Result `json:"after"`
+	Kept       bool        `json:"kept,omitempty"`
+}
+
+// WriteText prints the report for a person.
+func (r *Report) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "lab %s: %d nodes, VIP %s\n", r.Lab, r.Nodes, r.VIP)
+	arp := "as it should"
+	if !strings.EqualFold(r.ClientARP, r.ClusterMAC) {
+		arp = "WRONG, want " + r.ClusterMAC
+	}
+	fmt.Fprintf(w, "client resolved the VIP to %s (%s)\n", orDash(r.ClientARP), arp)
+	if r.Period != "" {
+		fmt.Fprintf(w, "heartbeat period %s\n", r.Period)
+	}
+	fmt.Fprintln(w)
+	phase(w, "before", r.Before)
+	phase(w, "during", r.During)
+	phase(w, "after", r.After)
+	fmt.Fprintln(w)
+	if r.FailoverMS < 0 {
+		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: the survivors did NOT cover every bucket in time\n", r.Victim, r.PullAtMS)
+	} else {
+		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: every bucket owned again after %.0f ms\n", r.Victim, r.PullAtMS, r.FailoverMS)
+	}
+	if r.Kept {
+		fmt.Fprintf(w, "the lab is still up: `shoal lab status %s`, `shoal lab down %s`\n", r.Lab, r.Lab)
+	}
+}
+
+func phase(w io.Writer, name string, res load.Result) {
+	fmt.Fprintf(w, "%-7s %6d requests %5d failed  %7.0f req/s  p50 %6.2f ms  p99 %7.2f ms  share %s\n",
+		name, res.Requests, res.Failures, res.RatePerSec, res.P50MS, res.P99MS, shares(res.Share))
+	if len(res.Errors) > 0 {
+		var parts []string
+		for c, n := range res.Errors {
+			parts = append(parts, fmt.Sprintf("%s %d", c, n))
+		}
+		slices.Sort(parts)
+		fmt.Fprintf(w, "        errors: %s\n", strings.Join(parts, ", "))
+	}
+}
+
+// shares formats per-node shares in node name order.
+func shares(s map[string]float64) string {
+	names := make([]string, 0, len(s))
+	for n := range s {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if len(a) != len(b) { // node2 before node10
+			return len(a) - len(b)
+		}
+		return strings.Compare(a, b)
+	})
+	var parts []string
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s %.1f%%", n, 100*s[n]))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, "  ")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

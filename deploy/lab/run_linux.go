@@ -1,0 +1,219 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/shoalnet/shoal/deploy/lab/load"
+)
+
+// RunOptions configure `shoal lab run`.
+type RunOptions struct {
+	Options
+	Duration        time.Duration // each traffic phase; 3 s if zero
+	Concurrency     int           // load workers; 8 if zero
+	Keep            bool          // leave the lab up afterwards
+	FailoverTimeout time.Duration // how long to wait for the survivors; 10 s if zero
+	Progress        io.Writer     // live progress lines; none if nil
+}
+
+// LoadArgs is one traffic phase from the client namespace.
+type LoadArgs struct {
+	Duration    time.Duration
+	Concurrency int
+	KeepAlive   bool
+	Timeout     time.Duration // per request; the generator's default if zero
+}
+
+// Run builds a lab, sends traffic, pulls the plug on the last node while
+// traffic flows, measures the time until the survivors own every bucket
+// again, sends traffic again and removes the lab (unless o.Keep), also when
+// a step fails or ctx ends. The report is returned as far as it got.
+func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
+	if o.Duration == 0 {
+		o.Duration = 3 * time.Second
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 8
+	}
+	if o.FailoverTimeout == 0 {
+		o.FailoverTimeout = 10 * time.Second
+	}
+	l, err := Up(ctx, o.Options)
+	if err != nil {
+		return nil, err
+	}
+	rep = &Report{Lab: l.ID, Nodes: len(l.Nodes), VIP: l.VIP.String(), ClusterMAC: ClusterMAC(l.VIP), FailoverMS: -1}
+	if o.Period > 0 {
+		rep.Period = o.Period.String()
+	}
+	defer func() {
+		if o.Keep && err == nil {
+			rep.Kept = true
+			return
+		}
+		if derr := l.Down(context.Background()); derr != nil {
+			err = errors.Join(err, fmt.Errorf("lab down: %w", derr))
+		}
+	}()
+	la := LoadArgs{Duration: o.Duration, Concurrency: o.Concurrency}
+
+	l.progress(o.Progress, "traffic before the pull (%v, new connections)", o.Duration)
+	if rep.Before, err = l.Load(ctx, la, o.Progress); err != nil {
+		return rep, err
+	}
+	if rep.ClientARP, err = l.Neighbor(ctx, l.VIP.String()); err != nil {
+		return rep, err
+	}
+
+	st, err := l.Statuses(ctx, l.Nodes)
+	if err != nil {
+		return rep, fmt.Errorf("lab: status before the pull: %w", err)
+	}
+	rules := RuleIDs(st)
+	victim := len(l.Nodes) - 1
+	dead := st[victim].NodeID
+	survivors := l.Nodes[:victim]
+	rep.Victim = l.Nodes[victim].Name
+
+	// Traffic goes on through the pull: 1 s before it, then o.Duration.
+	const lead = time.Second
+	during := la
+	during.Duration = lead + o.Duration
+	type loadOut struct {
+		res load.Result
+		err error
+	}
+	done := make(chan loadOut, 1)
+	l.progress(o.Progress, "traffic through the pull (%v); pulling %s after %v", during.Duration, rep.Victim, lead)
+	loadStart := time.Now()
+	go func() {
+		r, err := l.Load(ctx, during, o.Progress)
+		done <- loadOut{r, err}
+	}()
+	select {
+	case <-ctx.Done():
+		return rep, ctx.Err()
+	case <-time.After(lead):
+	}
+	pulled := time.Now()
+	rep.PullAtMS = float64(pulled.Sub(loadStart)) / float64(time.Millisecond)
+	if err := l.Pull(ctx, rep.Victim); err != nil {
+		return rep, err
+	}
+	var last error
+	perr := poll(ctx, o.FailoverTimeout, 20*time.Millisecond, func() error {
+		st, err := l.Statuses(ctx, survivors)
+		if err != nil {
+			last = err
+			return err
+		}
+		last = Covered(st, rules, dead)
+		return last
+	})
+	if perr == nil {
+		rep.FailoverMS = float64(time.Since(pulled)) / float64(time.Millisecond)
+		l.progress(o.Progress, "every bucket owned again %.0f ms after the pull", rep.FailoverMS)
+	}
+	out := <-done
+	rep.During = out.res
+	if out.err != nil {
+		return rep, out.err
+	}
+	if perr != nil {
+		return rep, fmt.Errorf("lab: the survivors did not cover %s's buckets: %w (last: %v)", rep.Victim, perr, last)
+	}
+
+	l.progress(o.Progress, "traffic after the failover (%v)", o.Duration)
+	if rep.After, err = l.Load(ctx, la, o.Progress); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+func (l *Lab) progress(w io.Writer, format string, a ...any) {
+	if w != nil {
+		fmt.Fprintf(w, "lab %s: %s\n", l.ID, fmt.Sprintf(format, a...))
+	}
+}
+
+// Load runs the load generator in the client namespace against the VIP on
+// port 80 (new connections unless a.KeepAlive). Its progress lines go to
+// progress.
+func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Result, error) {
+	args := []string{"netns", "exec", l.Client.Namespace, l.Binary, "lab", "load",
+		"--url", fmt.Sprintf("http://%s:%d/", l.VIP, HTTPPort),
+		"--duration", a.Duration.String(),
+		"--concurrency", fmt.Sprint(a.Concurrency), "--json"}
+	if a.KeepAlive {
+		args = append(args, "--keepalive")
+	}
+	if a.Timeout > 0 {
+		args = append(args, "--timeout", a.Timeout.String())
+	}
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &errb
+	if progress != nil {
+		cmd.Stderr = io.MultiWriter(&errb, progress)
+	}
+	if err := cmd.Run(); err != nil {
+		return load.Result{}, fmt.Errorf("lab: load from the client: %w: %s", err, strings.TrimSpace(errb.String()))
+	}
+	var r load.Result
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		return load.Result{}, fmt.Errorf("lab: load result: %w", err)
+	}
+	return r, nil
+}
+
+// Neighbor returns the MAC the client's neighbour table holds for addr, ""
+// if none.
+func (l *Lab) Neighbor(ctx context.Context, addr string) (string, error) {
+	out, err := ip(ctx, "-n", l.Client.Namespace, "neigh", "show", addr, "dev", Interface)
+	if err != nil {
+		return "", err
+	}
+	return parseNeigh(out), nil
+}
+
+// parseNeigh returns the lladdr of the first entry of `ip neigh show`.
+func parseNeigh(out string) string {
+	f := strings.Fields(out)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "lladdr" {
+			return f[i+1]
+		}
+	}
+	return ""
+}
+
+// Pull cuts host off the switch: its port on the bridge goes down, which
+// also drops the carrier of its own end, so nothing passes either way, as
+// with a pulled cable.
+func (l *Lab) Pull(ctx context.Context, host string) error {
+	h, ok := l.HostByName(host)
+	if !ok {
+		return fmt.Errorf("lab: no host %q", host)
+	}
+	_, err := ip(ctx, "-n", l.Switch, "link", "set", h.BridgePort, "down")
+	return err
+}
+
+// Plug puts host back on the switch.
+func (l *Lab) Plug(ctx context.Context, host string) error {
+	h, ok := l.HostByName(host)
+	if !ok {
+		return fmt.Errorf("lab: no host %q", host)
+	}
+	_, err := ip(ctx, "-n", l.Switch, "link", "set", h.BridgePort, "up")
+	return err
+}

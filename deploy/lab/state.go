@@ -1,0 +1,265 @@
+package lab
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultBase is where labs keep their state files and work directories.
+const DefaultBase = "/run/shoal-lab"
+
+// Interface is the name of every host's link to the switch, inside its
+// namespace.
+const Interface = "eth0"
+
+// Bridge is the switch's bridge, inside the switch namespace.
+const Bridge = "br0"
+
+// HTTPPort is the port of the node HTTP servers and of the default rule.
+const HTTPPort = 80
+
+// Ports of a node's agent, on its own address.
+const (
+	HeartbeatPort = 7946
+	RaftPort      = 7947
+	PeerPort      = 7948
+	MetricsPort   = 9946
+)
+
+// idPattern matches a lab id; namespaces are named id + "-" + role, so a
+// leftover namespace can be traced back to its lab.
+var idPattern = regexp.MustCompile(`^shl[0-9a-f]{4}$`)
+
+// nsPattern matches the namespaces labs create and captures the lab id.
+var nsPattern = regexp.MustCompile(`^(shl[0-9a-f]{4})-(sw|client|node[0-9]+)$`)
+
+// ErrBadID is returned for a lab id that is not one of ours.
+var ErrBadID = errors.New("lab: not a lab id (want shl + 4 hex digits)")
+
+// State is everything a lab made, written to <base>/<id>.json before each
+// step so that Down can remove exactly that, even from another process
+// after a crash.
+type State struct {
+	ID     string     `json:"id"`
+	Base   string     `json:"base"`
+	Dir    string     `json:"dir"`    // the lab's work directory
+	Subnet int        `json:"subnet"` // k in 198.18.k.0/24
+	VIP    netip.Addr `json:"vip"`
+	Switch string     `json:"switch_ns"`
+	Client Host       `json:"client"`
+	Nodes  []Host     `json:"nodes"`
+	Binary string     `json:"binary"` // the shoal binary the processes run
+	// Namespaces lists the namespaces in creation order; a name is recorded
+	// before it is created.
+	Namespaces []string  `json:"namespaces"`
+	Procs      []Proc    `json:"processes"`
+	KeyFile    string    `json:"key_file,omitempty"`
+	Created    time.Time `json:"created"`
+}
+
+// Host is one namespace on the switch: a node or the client.
+type Host struct {
+	Name       string     `json:"name"` // node1, node2, ..., client
+	Namespace  string     `json:"namespace"`
+	Addr       netip.Addr `json:"addr"`
+	BridgePort string     `json:"bridge_port"` // its veth end in the switch namespace
+	Socket     string     `json:"socket,omitempty"`
+	Config     string     `json:"config,omitempty"`
+	DataDir    string     `json:"data_dir,omitempty"`
+}
+
+// Proc is a process the lab started.
+type Proc struct {
+	PID int `json:"pid"`
+	// Start is the process start time from /proc/<pid>/stat, so a recycled
+	// PID is never signalled.
+	Start uint64 `json:"start"`
+	Role  string `json:"role"` // agent, serve
+	Host  string `json:"host"`
+	Log   string `json:"log"`
+}
+
+// newID returns a random lab id.
+func newID() (string, error) {
+	var b [2]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return "shl" + hex.EncodeToString(b[:]), nil
+}
+
+// Layout fills in a lab's names and addresses (nothing is created): the
+// switch, the client at .1, nodes at .11, .12, ..., the VIP at .100 of
+// 198.18.<subnet>.0/24.
+func Layout(base, id string, subnet, nodes int) (*State, error) {
+	if !idPattern.MatchString(id) {
+		return nil, fmt.Errorf("%w: %q", ErrBadID, id)
+	}
+	if subnet < 0 || subnet > 255 {
+		return nil, fmt.Errorf("lab: subnet %d outside 0..255", subnet)
+	}
+	if nodes < 1 || nodes > 89 { // .11 .. .99, below the VIP
+		return nil, fmt.Errorf("lab: %d nodes; want 1..89", nodes)
+	}
+	addr := func(last int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, byte(subnet), byte(last)}) }
+	dir := filepath.Join(base, id)
+	s := &State{
+		ID:     id,
+		Base:   base,
+		Dir:    dir,
+		Subnet: subnet,
+		VIP:    addr(100),
+		Switch: id + "-sw",
+		Client: Host{Name: "client", Namespace: id + "-client", Addr: addr(1), BridgePort: "p-client"},
+	}
+	for i := 1; i <= nodes; i++ {
+		name := fmt.Sprintf("node%d", i)
+		s.Nodes = append(s.Nodes, Host{
+			Name:       name,
+			Namespace:  id + "-" + name,
+			Addr:       addr(10 + i),
+			BridgePort: "p-" + name,
+			Socket:     filepath.Join(dir, name+".sock"),
+			Config:     filepath.Join(dir, name+".yaml"),
+			DataDir:    filepath.Join(dir, name, "data"),
+		})
+	}
+	s.KeyFile = filepath.Join(dir, "cluster.key")
+	return s, nil
+}
+
+// StatePath is where the state of lab id is kept.
+func StatePath(base, id string) string { return filepath.Join(base, id+".json") }
+
+// Save writes the state file atomically.
+func (s *State) Save() error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	p := StatePath(s.Base, s.ID)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("lab: write state: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("lab: write state: %w", err)
+	}
+	return nil
+}
+
+// LoadState reads the state file of lab id.
+func LoadState(base, id string) (*State, error) {
+	if !idPattern.MatchString(id) {
+		return nil, fmt.Errorf("%w: %q", ErrBadID, id)
+	}
+	b, err := os.ReadFile(StatePath(base, id))
+	if err != nil {
+		return nil, fmt.Errorf("lab: read state: %w", err)
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("lab: state file %s: %w", StatePath(base, id), err)
+	}
+	return &s, nil
+}
+
+// HostByName returns the node or client called name.
+func (s *State) HostByName(name string) (Host, bool) {
+	if name == s.Client.Name {
+		return s.Client, true
+	}
+	for _, n := range s.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return Host{}, false
+}
+
+// AgentConfig is the agent's configuration file as the lab writes it; the
+// field names are the agent's.
+type AgentConfig struct {
+	NodeName        string   `yaml:"node_name"`
+	Interface       string   `yaml:"interface"`
+	VIPs            []string `yaml:"vips"`
+	DataDir         string   `yaml:"data_dir"`
+	KeyFile         string   `yaml:"key_file"`
+	HeartbeatAddr   string   `yaml:"heartbeat_addr"`
+	RaftAddr        string   `yaml:"raft_addr"`
+	PeerAddr        string   `yaml:"peer_addr"`
+	Socket          string   `yaml:"socket"`
+	MetricsAddr     string   `yaml:"metrics_addr"`
+	Bootstrap       bool     `yaml:"bootstrap,omitempty"`
+	Join            []string `yaml:"join,omitempty"`
+	HeartbeatPeriod string   `yaml:"heartbeat_period,omitempty"`
+}
+
+// AgentConfig returns the configuration of node i (0-based): node 0
+// bootstraps the cluster, the others join through it.
+func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
+	n := s.Nodes[i]
+	at := func(port int) string { return netip.AddrPortFrom(n.Addr, uint16(port)).String() }
+	c := AgentConfig{
+		NodeName:      n.Name,
+		Interface:     Interface,
+		VIPs:          []string{s.VIP.String()},
+		DataDir:       n.DataDir,
+		KeyFile:       s.KeyFile,
+		HeartbeatAddr: at(HeartbeatPort),
+		RaftAddr:      at(RaftPort),
+		PeerAddr:      at(PeerPort),
+		Socket:        n.Socket,
+		MetricsAddr:   at(MetricsPort),
+	}
+	if i == 0 {
+		c.Bootstrap = true
+	} else {
+		c.Join = []string{netip.AddrPortFrom(s.Nodes[0].Addr, PeerPort).String()}
+	}
+	if period > 0 {
+		c.HeartbeatPeriod = period.String()
+	}
+	return c
+}
+
+// Marshal renders the configuration as YAML.
+func (c AgentConfig) Marshal() ([]byte, error) { return yaml.Marshal(c) }
+
+// ClusterMAC is the multicast MAC a VIP resolves to: 03:bf and the VIP's
+// four bytes.
+func ClusterMAC(vip netip.Addr) string {
+	b := vip.As4()
+	return fmt.Sprintf("03:bf:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
+}
+
+// labOfNamespace returns the lab id a namespace name belongs to, if any.
+func labOfNamespace(ns string) (string, bool) {
+	m := nsPattern.FindStringSubmatch(ns)
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
+}
+
+// parseNetnsList parses `ip netns list` output into names.
+func parseNetnsList(out string) []string {
+	var names []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			names = append(names, f[0])
+		}
+	}
+	return names
+}

@@ -1,0 +1,116 @@
+package lab
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+)
+
+// NumBuckets is the number of buckets of every rule (filter.NumBuckets).
+const NumBuckets = 4096
+
+// NodeStatus is a node's `shoal status --json`.
+type NodeStatus struct {
+	NodeID     uint32         `json:"node_id"`
+	NodeName   string         `json:"node_name"`
+	Admin      string         `json:"admin"`
+	Healthy    bool           `json:"healthy"`
+	Converged  bool           `json:"converged"`
+	RulesIndex uint64         `json:"rules_index"`
+	View       View           `json:"view"`
+	Accepting  map[string]int `json:"accepting"` // buckets accepted per rule id
+	Live       []uint32       `json:"live"`
+}
+
+// View is the membership view a node holds.
+type View struct {
+	Eligible   []uint32 `json:"eligible"`
+	RulesIndex uint64   `json:"rules_index"`
+	Seed       uint64   `json:"seed"`
+}
+
+// Ready returns nil when every node of st is converged on one view with want
+// eligible nodes and the same rules index, or an error saying what is
+// missing.
+func Ready(st []NodeStatus, want int) error {
+	if len(st) == 0 {
+		return fmt.Errorf("no node answered")
+	}
+	first := sortedIDs(st[0].View.Eligible)
+	for _, s := range st {
+		switch {
+		case !s.Converged:
+			return fmt.Errorf("%s not converged", s.NodeName)
+		case len(s.View.Eligible) != want:
+			return fmt.Errorf("%s sees %d eligible nodes %v, want %d", s.NodeName, len(s.View.Eligible), s.View.Eligible, want)
+		case !slices.Equal(sortedIDs(s.View.Eligible), first):
+			return fmt.Errorf("%s sees eligible %v, %s sees %v", s.NodeName, s.View.Eligible, st[0].NodeName, st[0].View.Eligible)
+		case s.RulesIndex != st[0].RulesIndex:
+			return fmt.Errorf("%s at rules index %d, %s at %d", s.NodeName, s.RulesIndex, st[0].NodeName, st[0].RulesIndex)
+		}
+	}
+	return nil
+}
+
+// RulesAt returns nil when every node has applied at least rules index idx.
+func RulesAt(st []NodeStatus, idx uint64) error {
+	for _, s := range st {
+		if s.RulesIndex < idx {
+			return fmt.Errorf("%s at rules index %d, want %d", s.NodeName, s.RulesIndex, idx)
+		}
+	}
+	return nil
+}
+
+// RuleIDs returns the rule ids any node accepts buckets of, sorted.
+func RuleIDs(st []NodeStatus) []string {
+	set := map[string]bool{}
+	for _, s := range st {
+		for r := range s.Accepting {
+			set[r] = true
+		}
+	}
+	ids := make([]string, 0, len(set))
+	for r := range set {
+		ids = append(ids, r)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Covered returns nil when the survivors st, without node dead, again own
+// every bucket of every rule in rules: all converged, no survivor's view
+// holds the dead node, and for each rule the survivors' accepted buckets sum
+// to NumBuckets. Otherwise the error says what is missing.
+func Covered(st []NodeStatus, rules []string, dead uint32) error {
+	sum := map[string]int{}
+	for _, s := range st {
+		if !s.Converged {
+			return fmt.Errorf("%s not converged", s.NodeName)
+		}
+		if slices.Contains(s.View.Eligible, dead) {
+			return fmt.Errorf("%s still holds node %d in its view", s.NodeName, dead)
+		}
+		for r, n := range s.Accepting {
+			sum[r] += n
+		}
+	}
+	for _, r := range rules {
+		if sum[r] != NumBuckets {
+			return fmt.Errorf("rule %s: survivors accept %d of %d buckets", r, sum[r], NumBuckets)
+		}
+	}
+	return nil
+}
+
+// CoverFull returns nil when the nodes together accept exactly NumBuckets
+// of each rule in rules (no gap, no bucket twice).
+func CoverFull(st []NodeStatus, rules []string) error {
+	return Covered(st, rules, 0)
+}
+
+func sortedIDs(ids []uint32) []uint32 {
+	c := slices.Clone(ids)
+	slices.Sort(c)
+	return c
+}
