@@ -158,9 +158,18 @@ func ip(ctx context.Context, args ...string) (string, error) {
 	return out.String(), nil
 }
 
+// testHookNamespace, if set, runs before each namespace is made; a test
+// uses it to fail Up halfway.
+var testHookNamespace func(ns string) error
+
 // addNamespace records ns in the state file, then creates it, so a crash
 // in between leaves nothing Down does not know of.
 func (l *Lab) addNamespace(ctx context.Context, ns string) error {
+	if testHookNamespace != nil {
+		if err := testHookNamespace(ns); err != nil {
+			return err
+		}
+	}
 	l.mu.Lock()
 	l.Namespaces = append(l.Namespaces, ns)
 	err := l.Save()

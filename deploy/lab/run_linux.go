@@ -26,6 +26,7 @@ type RunOptions struct {
 
 // LoadArgs is one traffic phase from the client namespace.
 type LoadArgs struct {
+	URL         string // http://VIP/ if empty
 	Duration    time.Duration
 	Concurrency int
 	KeepAlive   bool
@@ -144,12 +145,16 @@ func (l *Lab) progress(w io.Writer, format string, a ...any) {
 	}
 }
 
-// Load runs the load generator in the client namespace against the VIP on
-// port 80 (new connections unless a.KeepAlive). Its progress lines go to
+// Load runs the load generator in the client namespace against a.URL, by
+// default the VIP on port 80 (new connections unless a.KeepAlive). Its progress lines go to
 // progress.
 func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Result, error) {
+	url := a.URL
+	if url == "" {
+		url = fmt.Sprintf("http://%s:%d/", l.VIP, HTTPPort)
+	}
 	args := []string{"netns", "exec", l.Client.Namespace, l.Binary, "lab", "load",
-		"--url", fmt.Sprintf("http://%s:%d/", l.VIP, HTTPPort),
+		"--url", url,
 		"--duration", a.Duration.String(),
 		"--concurrency", fmt.Sprint(a.Concurrency), "--json"}
 	if a.KeepAlive {
