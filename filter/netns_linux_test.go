@@ -23,7 +23,7 @@ func uniqueName(prefix string) string {
 }
 
 // newNetns creates a network namespace with lo up, removed at cleanup.
-func newNetns(t *testing.T) string {
+func newNetns(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("namespace tests need root; CI runs them as root")
@@ -39,7 +39,7 @@ func newNetns(t *testing.T) string {
 // namespace name for the rest of the test. The thread is never unlocked,
 // so the runtime discards it when the test's goroutine ends and no other
 // goroutine ever runs in the namespace by accident.
-func enterNetns(t *testing.T, name string) {
+func enterNetns(t testing.TB, name string) {
 	t.Helper()
 	runtime.LockOSThread()
 	h, err := netns.GetFromName(name)
@@ -52,7 +52,7 @@ func enterNetns(t *testing.T, name string) {
 	}
 }
 
-func run(t *testing.T, args ...string) string {
+func run(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 	if err != nil {

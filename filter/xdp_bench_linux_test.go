@@ -1,0 +1,79 @@
+//go:build linux
+
+package filter
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/google/gopacket/layers"
+)
+
+// bareXDP returns a program that only returns action: the floor a
+// prog.Benchmark figure is read against.
+func bareXDP(b *testing.B, action int32) *ebpf.Program {
+	b.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.XDP,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, action), asm.Return()},
+		License:      "MIT",
+	})
+	if err != nil {
+		b.Fatalf("load bare program: %v", err)
+	}
+	b.Cleanup(func() { p.Close() })
+	return p
+}
+
+// BenchmarkXDP measures the program per packet with prog.Benchmark (the
+// kernel's test run loop), beside bare XDP_PASS and XDP_DROP programs
+// measured in the same run. The socket lookup runs in a namespace of its own.
+func BenchmarkXDP(b *testing.B) {
+	x := loadXDP(b)
+	vip := netip.MustParseAddr("198.18.0.1")
+	client := netip.MustParseAddr("198.18.7.7")
+	c := &Config{Seed: 42, VIPs: []netip.Addr{vip, netip.MustParseAddr("198.18.0.9")}, Rules: []Rule{
+		{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Affinity: AffinityNone}, // owned
+		{ID: 2, VIP: vip, PortLo: 81, PortHi: 81, Proto: ProtoTCP, Affinity: AffinityNone}, // not owned
+		{ID: 3, VIP: vip, PortLo: 82, PortHi: 82, Proto: ProtoTCP, Affinity: AffinityNone}, // dirty
+		{ID: 4, PortLo: 1000, PortHi: 2000, Proto: ProtoBoth, Affinity: AffinitySingle},    // unused, to make the tables real
+	}}
+	t := allIn(c, NotOwned)
+	for b := range t.States[1] {
+		t.States[1][b] = Owned
+		t.States[3][b] = OwnedDirty
+	}
+	if err := x.Update(t, nodeMAC); err != nil {
+		b.Fatal(err)
+	}
+	ack := func(port uint16) []byte {
+		return (&pkt{src: client, sport: 40000, dst: vip, dport: port, proto: layers.IPProtocolTCP, ack: true, payload: make([]byte, 64)}).build()
+	}
+	nonVIP := (&pkt{src: client, sport: 40000, dst: netip.MustParseAddr("198.18.0.5"), dport: 80, proto: layers.IPProtocolTCP, ack: true, payload: make([]byte, 64)}).build()
+	bench := func(p *ebpf.Program, frame []byte, want uint32) func(*testing.B) {
+		return func(b *testing.B) {
+			ret, d, err := p.Benchmark(frame, b.N, b.ResetTimer)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if ret != want {
+				b.Fatalf("action %d, want %d", ret, want)
+			}
+			b.ReportMetric(float64(d.Nanoseconds()), "ns/packet")
+		}
+	}
+	pass, drop := bareXDP(b, xdpPass), bareXDP(b, xdpDrop)
+	b.Run("bare-pass", bench(pass, ack(80), xdpPass))
+	b.Run("bare-drop", bench(drop, ack(80), xdpDrop))
+	b.Run("owned-tcp", bench(x.Program(), ack(80), xdpPass))
+	b.Run("not-owned-drop", bench(x.Program(), ack(81), xdpDrop))
+	b.Run("dirty-lookup-no-socket", func(b *testing.B) {
+		ns := newNetns(b)
+		enterNetns(b, ns)
+		bench(x.Program(), ack(82), xdpDrop)(b)
+	})
+	b.Run("non-vip-pass", bench(x.Program(), nonVIP, xdpPass))
+	b.Run("bare-pass-again", bench(pass, ack(80), xdpPass))
+}
