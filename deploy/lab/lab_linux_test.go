@@ -1,0 +1,292 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+)
+
+// needRoot skips a test that builds namespaces when it cannot.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the lab builds network namespaces: run as root")
+	}
+	if _, err := ip(context.Background(), "netns", "list"); err != nil {
+		t.Skipf("iproute2 unusable: %v", err)
+	}
+}
+
+// upForTest builds a lab without agents whose binary is this test binary,
+// and removes it in t.Cleanup whatever happens.
+func upForTest(t *testing.T, nodes int) *Lab {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1") // inherited by the processes the lab starts
+	l, err := Up(context.Background(), Options{Nodes: nodes, NoAgents: true, Binary: self, Base: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("Down: %v", err)
+		}
+		assertGone(t, l.ID)
+	})
+	return l
+}
+
+// assertGone fails if anything of lab id is left: namespaces or files.
+func assertGone(t *testing.T, id string) {
+	t.Helper()
+	out, err := ip(context.Background(), "netns", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range parseNetnsList(out) {
+		if strings.HasPrefix(ns, id+"-") {
+			t.Errorf("namespace %s left behind", ns)
+		}
+	}
+}
+
+// inNamespace runs f on a thread moved into namespace ns; sockets f opens
+// live there.
+func inNamespace(t *testing.T, ns string, f func() error) error {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if err := netns.Set(h); err != nil {
+		return err
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(fmt.Sprintf("cannot return to the original namespace: %v", err)) // the thread is unusable
+		}
+	}()
+	return f()
+}
+
+// ping sends one ICMP echo to dst from inside ns and waits for the reply.
+func ping(t *testing.T, ns string, dst netip.Addr) error {
+	return inNamespace(t, ns, func() error {
+		c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		id := os.Getpid() & 0xffff
+		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("shoal-lab")}}
+		b, err := msg.Marshal(nil)
+		if err != nil {
+			return err
+		}
+		if _, err := c.WriteTo(b, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
+			return err
+		}
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return fmt.Errorf("no echo reply from %s: %w", dst, err)
+			}
+			m, err := icmp.ParseMessage(1, buf[:n])
+			if err != nil || m.Type != ipv4.ICMPTypeEchoReply || from.String() != dst.String() {
+				continue
+			}
+			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id {
+				return nil
+			}
+		}
+	})
+}
+
+func TestTopology(t *testing.T) {
+	needRoot(t)
+	l := upForTest(t, 2)
+
+	// Namespaces and links.
+	out, err := ip(context.Background(), "netns", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := parseNetnsList(out)
+	for _, ns := range []string{l.Switch, l.Client.Namespace, l.Nodes[0].Namespace, l.Nodes[1].Namespace} {
+		if !slices.Contains(have, ns) {
+			t.Errorf("namespace %s missing from %v", ns, have)
+		}
+	}
+	for _, h := range append([]Host{l.Client}, l.Nodes...) {
+		out, err := ip(context.Background(), "-n", l.Switch, "-o", "link", "show", h.BridgePort)
+		if err != nil || !strings.Contains(out, "master "+Bridge) || !strings.Contains(out, "state UP") {
+			t.Errorf("bridge port %s: %q %v", h.BridgePort, out, err)
+		}
+		out, err = ip(context.Background(), "-n", h.Namespace, "-o", "addr", "show", "dev", Interface)
+		if err != nil || !strings.Contains(out, h.Addr.String()+"/24") {
+			t.Errorf("%s: address %s missing: %q %v", h.Name, h.Addr, out, err)
+		}
+		out, err = ip(context.Background(), "-n", h.Namespace, "-o", "link", "show", "lo")
+		if err != nil || !strings.Contains(out, "LOOPBACK,UP") {
+			t.Errorf("%s: lo not up: %q %v", h.Name, out, err)
+		}
+	}
+
+	// The client reaches the nodes over the bridge.
+	for _, n := range l.Nodes {
+		if err := ping(t, l.Client.Namespace, n.Addr); err != nil {
+			t.Errorf("ping %s from the client: %v", n.Name, err)
+		}
+	}
+
+	// A node's HTTP server, started as the lab starts it, answers the client.
+	n := l.Nodes[0]
+	p, err := l.Start(n.Name, "serve", "lab", "serve", "--name", n.Name, "--listen", n.Addr.String()+":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		if !alive(p) {
+			return errors.New("serve exited: " + tail(p.Log, 400))
+		}
+		return inNamespace(t, l.Client.Namespace, func() error {
+			c, err := net.DialTimeout("tcp", n.Addr.String()+":80", time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+	})
+	res, err := l.Load(context.Background(), LoadArgs{URL: "http://" + n.Addr.String() + "/", Duration: 300 * time.Millisecond, Concurrency: 2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || res.Failures != 0 || res.ByNode[n.Name] != res.Successes {
+		t.Errorf("load from the client: %d requests, %d failures, by node %v", res.Requests, res.Failures, res.ByNode)
+	}
+
+	// A pulled plug cuts the node off; plugging it back restores it.
+	if err := l.Pull(context.Background(), n.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(t, l.Client.Namespace, n.Addr); err == nil {
+		t.Errorf("%s answers with its plug pulled", n.Name)
+	}
+	if err := ping(t, l.Client.Namespace, l.Nodes[1].Addr); err != nil {
+		t.Errorf("%s unreachable after pulling %s: %v", l.Nodes[1].Name, n.Name, err)
+	}
+	if err := l.Plug(context.Background(), n.Name); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error { return ping(t, l.Client.Namespace, n.Addr) })
+
+	// Status sees it all.
+	st := l.Status(context.Background())
+	for ns, up := range st.NamespaceUp {
+		if !up {
+			t.Errorf("status: namespace %s missing", ns)
+		}
+	}
+	if !st.ProcAlive[p.PID] {
+		t.Errorf("status: serve pid %d not alive", p.PID)
+	}
+
+	// Down stops the server too.
+	if err := l.Down(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if alive(p) {
+		t.Errorf("serve pid %d survived Down", p.PID)
+	}
+	assertGone(t, l.ID)
+	if _, err := os.Stat(StatePath(l.Base, l.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("state file left: %v", err)
+	}
+	if _, err := os.Stat(l.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("work dir left: %v", err)
+	}
+}
+
+// TestUpFailsHalfway: a failure while building removes what was built.
+func TestUpFailsHalfway(t *testing.T) {
+	needRoot(t)
+	var made []string
+	testHookNamespace = func(ns string) error {
+		if len(made) == 2 {
+			return errors.New("injected failure")
+		}
+		made = append(made, ns)
+		return nil
+	}
+	t.Cleanup(func() { testHookNamespace = nil })
+	base := t.TempDir()
+	_, err := Up(context.Background(), Options{Nodes: 2, NoAgents: true, Binary: "/bin/false", Base: base})
+	if err == nil || !strings.Contains(err.Error(), "injected failure") {
+		t.Fatalf("Up = %v, want the injected failure", err)
+	}
+	if len(made) != 2 {
+		t.Fatalf("made %v before the failure", made)
+	}
+	id, _ := labOfNamespace(made[0])
+	assertGone(t, id)
+	if _, err := os.Stat(StatePath(base, id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("state file left: %v", err)
+	}
+}
+
+// TestDownAfterCrash: a lab whose state file is lost (a crash) is still
+// removed, found by its namespace prefix, processes included.
+func TestDownAfterCrash(t *testing.T) {
+	needRoot(t)
+	l := upForTest(t, 1)
+	p, err := l.Start("node1", "serve", "lab", "serve", "--name", "node1", "--listen", l.Nodes[0].Addr.String()+":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(StatePath(l.Base, l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := List(l.Base)
+	if err != nil || !slices.Contains(ids, l.ID) {
+		t.Fatalf("List = %v %v, want it to find %s by its namespaces", ids, err, l.ID)
+	}
+	orphan, err := Open(l.Base, l.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := orphan.Down(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, l.ID)
+	waitFor(t, 5*time.Second, func() error {
+		if alive(p) {
+			return fmt.Errorf("serve pid %d still running", p.PID)
+		}
+		return nil
+	})
+}
