@@ -322,6 +322,7 @@ func TestTwoNodesOneDownNoQuorum(t *testing.T) {
 			if !errors.Is(err, ErrNoQuorum) {
 				t.Fatalf("apply with 1 of 2 voters: err = %v, want ErrNoQuorum", err)
 			}
+			t.Logf("error: %v", err)
 			if !strings.Contains(err.Error(), "1 of 2 voters reachable") {
 				t.Errorf("error %q does not say how many voters are reachable", err)
 			}

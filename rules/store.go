@@ -191,8 +191,17 @@ func (s *Store) bootstrap() error {
 	if err := s.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil {
 		return fmt.Errorf("bootstrap raft: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*s.cfg.Timing.ElectionTimeout+s.cfg.ApplyTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*s.cfg.Timing.ElectionTimeout+2*s.cfg.ApplyTimeout)
 	defer cancel()
+	// A one-node cluster elects itself after a heartbeat timeout; wait for
+	// that here so a slow election does not eat the writes' own timeout.
+	for !s.IsLeader() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bootstrap: this node did not become leader of its own cluster: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
@@ -491,8 +500,8 @@ func (s *Store) noQuorum(cause error) error {
 		}
 	}
 	slices.Sort(down)
-	return fmt.Errorf("%w: %d of %d voters reachable (unreachable: %s); the change was not committed within %v (%v) and this node keeps the rules of index %d; bring a voter back or remove the dead one (shoal leave --node)",
-		ErrNoQuorum, len(voters)-len(down), len(voters), strings.Join(down, ", "), s.cfg.ApplyTimeout, cause, st.Index)
+	return fmt.Errorf("%w: %d of %d voters reachable (unreachable: %s), a write needs %d; the change was not committed within %v (last error: %v); this node keeps filtering with the rules of index %d; bring the unreachable voters back",
+		ErrNoQuorum, len(voters)-len(down), len(voters), strings.Join(down, ", "), len(voters)/2+1, s.cfg.ApplyTimeout, cause, st.Index)
 }
 
 // Join asks the cluster member whose peer API is at member to add this
