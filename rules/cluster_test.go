@@ -283,8 +283,8 @@ func TestClusterFullRestartKeepsRules(t *testing.T) {
 	for _, n := range nodes {
 		n.stop()
 	}
-	for _, n := range nodes {
-		n.start(false) // existing state: no bootstrap flag needed
+	for i, n := range nodes {
+		n.start(i == 0) // existing state wins over the bootstrap flag
 	}
 	leaderOf(t, nodes)
 	poll(t, 10*time.Second, "every node replays its rules", func() error {
@@ -422,5 +422,65 @@ func TestApplyWithoutClusterFails(t *testing.T) {
 	_, err := n.store.Apply(ctx, &InitCluster{Settings: testSettings()})
 	if !errors.Is(err, ErrNotMember) {
 		t.Errorf("apply on a node that joined nothing: err = %v, want ErrNotMember", err)
+	}
+}
+
+func TestLeaderLeaves(t *testing.T) {
+	nodes := newCluster(t, 3)
+	leader, followers := leaderOf(t, nodes)
+	id := leader.store.State().NodeByName(leader.name).ID
+	if err := leader.store.Leave(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatalf("leader %s leaves: %v", leader.name, err)
+	}
+	leader.stop()
+	newLeader, _ := leaderOf(t, followers)
+	poll(t, 10*time.Second, "the old leader is out of raft and the registry", func() error {
+		m, err := newLeader.store.Members()
+		if err != nil {
+			return err
+		}
+		if len(m) != 2 || newLeader.store.State().Node(id) != nil {
+			return fmt.Errorf("members %+v, registry %+v", m, newLeader.store.State().Nodes)
+		}
+		return nil
+	})
+	mustApply(t, followers[0], &PutVIP{VIP: vip1})
+	waitConverged(t, followers)
+}
+
+func TestSubscribeNotifiesEachChange(t *testing.T) {
+	nodes := newCluster(t, 2)
+	_, followers := leaderOf(t, nodes)
+	ch, stop := followers[0].store.Subscribe()
+	defer stop()
+	select { // drain a notice left from forming the cluster
+	case <-ch:
+	default:
+	}
+	before := followers[0].store.State().Index
+	res := mustApply(t, nodes[0], &PutVIP{VIP: vip1})
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no notification after a change")
+	}
+	poll(t, 5*time.Second, "follower applies the change", func() error {
+		if s := followers[0].store.State(); s.Index < res.Index || !s.HasVIP(vip1) {
+			return fmt.Errorf("index %d (was %d), want %d with the vip", s.Index, before, res.Index)
+		}
+		return nil
+	})
+	stop()
+	mustApply(t, nodes[0], &PutVIP{VIP: vip2})
+	poll(t, 5*time.Second, "follower applies the second change", func() error {
+		if !followers[0].store.State().HasVIP(vip2) {
+			return errors.New("no vip2 yet")
+		}
+		return nil
+	})
+	select {
+	case <-ch:
+		t.Error("notified after stop")
+	default:
 	}
 }
