@@ -20,29 +20,6 @@ import (
 	"time"
 )
 
-// Options configure a lab.
-type Options struct {
-	Nodes  int           // node namespaces; 3 if zero
-	Binary string        // the shoal binary the namespaces run; os.Executable() if empty
-	Base   string        // state and work directories; DefaultBase if empty
-	Period time.Duration // agents' heartbeat period; the agent's default if zero
-	// NoAgents builds the network only: no agent, no HTTP server, no rule.
-	NoAgents bool
-	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
-	ReadyTimeout time.Duration
-	Log          *slog.Logger // discards if nil
-}
-
-// Lab is a running lab.
-type Lab struct {
-	State
-	log *slog.Logger
-	ctl Ctl
-
-	mu    sync.Mutex
-	waits map[int]chan struct{} // closed when a child started by this process exits
-}
-
 // Up builds a lab and, unless o.NoAgents, starts every agent and HTTP server
 // and waits until the cluster has converged with the default port rule in
 // place. On any failure, or when ctx ends, it removes what it made.

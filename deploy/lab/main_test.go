@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/shoalnet/shoal/deploy/lab/load"
 )
@@ -68,12 +67,4 @@ func helper(args []string) int {
 		return 0
 	}
 	return 2
-}
-
-// waitFor polls check until it returns nil or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, check func() error) {
-	t.Helper()
-	if err := poll(context.Background(), timeout, 20*time.Millisecond, check); err != nil {
-		t.Fatal(err)
-	}
 }

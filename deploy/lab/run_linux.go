@@ -14,25 +14,6 @@ import (
 	"github.com/shoalnet/shoal/deploy/lab/load"
 )
 
-// RunOptions configure `shoal lab run`.
-type RunOptions struct {
-	Options
-	Duration        time.Duration // each traffic phase; 3 s if zero
-	Concurrency     int           // load workers; 8 if zero
-	Keep            bool          // leave the lab up afterwards
-	FailoverTimeout time.Duration // how long to wait for the survivors; 10 s if zero
-	Progress        io.Writer     // live progress lines; none if nil
-}
-
-// LoadArgs is one traffic phase from the client namespace.
-type LoadArgs struct {
-	URL         string // http://VIP/ if empty
-	Duration    time.Duration
-	Concurrency int
-	KeepAlive   bool
-	Timeout     time.Duration // per request; the generator's default if zero
-}
-
 // Run builds a lab, sends traffic, pulls the plug on the last node while
 // traffic flows, measures the time until the survivors own every bucket
 // again, sends traffic again and removes the lab (unless o.Keep), also when
@@ -188,17 +169,6 @@ func (l *Lab) Neighbor(ctx context.Context, addr string) (string, error) {
 		return "", err
 	}
 	return parseNeigh(out), nil
-}
-
-// parseNeigh returns the lladdr of the first entry of `ip neigh show`.
-func parseNeigh(out string) string {
-	f := strings.Fields(out)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "lladdr" {
-			return f[i+1]
-		}
-	}
-	return ""
 }
 
 // Pull cuts host off the switch: its port on the bridge goes down, which

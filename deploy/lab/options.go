@@ -1,0 +1,108 @@
+package lab
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Options configure a lab.
+type Options struct {
+	Nodes  int           // node namespaces; 3 if zero
+	Binary string        // the shoal binary the namespaces run; os.Executable() if empty
+	Base   string        // state and work directories; DefaultBase if empty
+	Period time.Duration // agents' heartbeat period; the agent's default if zero
+	// NoAgents builds the network only: no agent, no HTTP server, no rule.
+	NoAgents bool
+	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
+	ReadyTimeout time.Duration
+	Log          *slog.Logger // discards if nil
+}
+
+// Lab is a running lab.
+type Lab struct {
+	State
+	log *slog.Logger
+	ctl Ctl
+
+	mu    sync.Mutex
+	waits map[int]chan struct{} // closed when a child started by this process exits
+}
+
+// RunOptions configure `shoal lab run`.
+type RunOptions struct {
+	Options
+	Duration        time.Duration // each traffic phase; 3 s if zero
+	Concurrency     int           // load workers; 8 if zero
+	Keep            bool          // leave the lab up afterwards
+	FailoverTimeout time.Duration // how long to wait for the survivors; 10 s if zero
+	Progress        io.Writer     // live progress lines; none if nil
+}
+
+// LoadArgs is one traffic phase from the client namespace.
+type LoadArgs struct {
+	URL         string // http://VIP/ if empty
+	Duration    time.Duration
+	Concurrency int
+	KeepAlive   bool
+	Timeout     time.Duration // per request; the generator's default if zero
+}
+
+// Status is a lab as `shoal lab status` shows it.
+type Status struct {
+	State
+	NamespaceUp map[string]bool       `json:"namespace_up"`
+	ProcAlive   map[int]bool          `json:"process_alive"`
+	Agents      map[string]NodeStatus `json:"agents"`
+	AgentErrors map[string]string     `json:"agent_errors,omitempty"`
+}
+
+// WriteText prints the status for a person.
+func (s Status) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "lab %s: VIP %s on 198.18.%d.0/24, work dir %s\n", s.ID, s.VIP, s.Subnet, s.Dir)
+	fmt.Fprintln(w, "namespaces:")
+	for _, ns := range s.Namespaces {
+		fmt.Fprintf(w, "  %-20s %s\n", ns, upDown(s.NamespaceUp[ns]))
+	}
+	fmt.Fprintln(w, "hosts:")
+	fmt.Fprintf(w, "  %-8s %-16s %s\n", s.Client.Name, s.Client.Addr, s.Client.Namespace)
+	for _, n := range s.Nodes {
+		fmt.Fprintf(w, "  %-8s %-16s %s  socket %s\n", n.Name, n.Addr, n.Namespace, n.Socket)
+	}
+	if len(s.Procs) > 0 {
+		fmt.Fprintln(w, "processes:")
+		for _, p := range s.Procs {
+			state := "running"
+			if !s.ProcAlive[p.PID] {
+				state = "GONE"
+			}
+			fmt.Fprintf(w, "  %-8s %-6s pid %-7d %-8s log %s\n", p.Host, p.Role, p.PID, state, p.Log)
+		}
+	}
+	if len(s.Agents)+len(s.AgentErrors) > 0 {
+		fmt.Fprintln(w, "agents:")
+		for _, n := range s.Nodes {
+			if e, ok := s.AgentErrors[n.Name]; ok {
+				fmt.Fprintf(w, "  %-8s %s\n", n.Name, e)
+				continue
+			}
+			a := s.Agents[n.Name]
+			conv := "converged"
+			if !a.Converged {
+				conv = "converging"
+			}
+			fmt.Fprintf(w, "  %-8s id %d  %s  %s  eligible %v  rules index %d  accepting %v\n",
+				n.Name, a.NodeID, a.Admin, conv, a.View.Eligible, a.RulesIndex, a.Accepting)
+		}
+	}
+	fmt.Fprintf(w, "try: ip netns exec %s curl http://%s/\n", s.Client.Namespace, s.VIP)
+}
+
+func upDown(ok bool) string {
+	if ok {
+		return "present"
+	}
+	return "MISSING"
+}
