@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -83,6 +84,8 @@ type Store struct {
 	trans  *raft.NetworkTransport
 	bolt   *raftboltdb.BoltStore
 	client *http.Client
+
+	readyTerm atomic.Uint64 // the term leaderReady last caught up in
 
 	subMu  sync.Mutex
 	subs   map[int]chan struct{}
@@ -336,12 +339,10 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	// A follower's state may lag a change that was just committed, so its
-	// verdict is not final unless it leads.
+	// The local state may lag a change that was just committed, so its
+	// verdict is not final: the leader checks again, up to date, and this
+	// one only stands in when no leader answers.
 	localErr := s.fsm.current().Check(cmd)
-	if localErr != nil && s.IsLeader() {
-		return Result{}, localErr
-	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
 	defer cancel()
 	res, err := leaderDo(ctx, s,
@@ -363,8 +364,27 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
 	return res, nil
 }
 
+// leaderReady makes sure this leader's state holds every entry committed
+// before its term, once per term. A newly elected leader has those entries in
+// its log but applies them only after its first commit; validating against
+// its state before that could reject a write that depends on them.
+func (s *Store) leaderReady(ctx context.Context) error {
+	term := s.raft.CurrentTerm()
+	if s.readyTerm.Load() == term {
+		return nil
+	}
+	if err := waitFuture(ctx, s.raft.Barrier(0)); err != nil {
+		return err
+	}
+	s.readyTerm.Store(term)
+	return nil
+}
+
 // checkAndApply validates cmd against the leader's state, then proposes it.
 func (s *Store) checkAndApply(ctx context.Context, cmd Command, data []byte) (Result, error) {
+	if err := s.leaderReady(ctx); err != nil {
+		return Result{}, err
+	}
 	if err := s.fsm.current().Check(cmd); err != nil {
 		return Result{}, err
 	}
@@ -598,9 +618,6 @@ func (s *Store) Leave(ctx context.Context) error {
 // RemoveNode removes node id from Raft and from the registry, for a node
 // that is dead or leaving. Any node may call it; it runs on the leader.
 func (s *Store) RemoveNode(ctx context.Context, id filter.NodeID) error {
-	if s.fsm.current().Node(id) == nil {
-		return unknownNode(id)
-	}
 	body, err := jsonBody(removeRequest{ID: id})
 	if err != nil {
 		return err
@@ -620,6 +637,9 @@ func (s *Store) RemoveNode(ctx context.Context, id filter.NodeID) error {
 // except when the leader removes itself, since it stops leading once it is
 // out of Raft.
 func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID) (Result, error) {
+	if err := s.leaderReady(ctx); err != nil {
+		return Result{}, err
+	}
 	n := s.fsm.current().Node(id)
 	if n == nil {
 		return Result{}, unknownNode(id)
