@@ -77,3 +77,26 @@ func BenchmarkXDP(b *testing.B) {
 	b.Run("non-vip-pass", bench(x.Program(), nonVIP, xdpPass))
 	b.Run("bare-pass-again", bench(pass, ack(80), xdpPass))
 }
+
+// BenchmarkUpdate measures one atomic table swap (write the inactive copy,
+// flip, wait for running programs) for 4 VIPs and 16 port rules.
+func BenchmarkUpdate(b *testing.B) {
+	x := loadXDP(b)
+	c := &Config{Seed: 1}
+	for i := 0; i < 4; i++ {
+		c.VIPs = append(c.VIPs, netip.AddrFrom4([4]byte{198, 18, 0, byte(i + 1)}))
+	}
+	for i := 0; i < 16; i++ {
+		r := Rule{ID: RuleID(i + 1), PortLo: uint16(1000 * i), PortHi: uint16(1000*i + 999), Proto: ProtoBoth}
+		if i%2 == 0 {
+			r.VIP = c.VIPs[i%4]
+		}
+		c.Rules = append(c.Rules, r)
+	}
+	t := allIn(c, Owned)
+	for b.Loop() {
+		if err := x.Update(t, nodeMAC); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/gopacket/layers"
 )
 
 // realConn opens, in the current (test) namespace, a listener on vip:80 and
@@ -178,5 +180,70 @@ func TestHashAgreement(t *testing.T) {
 		if want := Hash(seed, a, b); got != want {
 			t.Fatalf("Hash(%#x, %#x, %#x): C %#x, Go %#x", seed, a, b, got, want)
 		}
+	}
+}
+
+func TestUpdateCapacity(t *testing.T) {
+	x := loadXDP(t)
+	c := &Config{}
+	for i := 0; i <= MaxVIPs; i++ {
+		c.VIPs = append(c.VIPs, netip.AddrFrom4([4]byte{198, 18, 0, byte(i + 1)}))
+	}
+	if err := x.Update(&Tables{Config: c}, nodeMAC); !errors.Is(err, ErrCapacity) {
+		t.Errorf("Update with %d VIPs: %v, want ErrCapacity", len(c.VIPs), err)
+	}
+	c.VIPs = c.VIPs[:1]
+	for i := 0; i <= MaxRules; i++ {
+		c.Rules = append(c.Rules, Rule{ID: RuleID(i + 1), PortLo: uint16(i), PortHi: uint16(i), Proto: ProtoTCP})
+	}
+	if err := x.Update(&Tables{Config: c}, nodeMAC); !errors.Is(err, ErrCapacity) {
+		t.Errorf("Update with %d rules: %v, want ErrCapacity", len(c.Rules), err)
+	}
+	c.Rules = c.Rules[:MaxRules]
+	if err := x.Update(&Tables{Config: c}, nodeMAC); err != nil {
+		t.Errorf("Update with %d rules: %v", len(c.Rules), err)
+	}
+	if err := x.Update(&Tables{Config: c}, nodeMAC[:5]); err == nil {
+		t.Error("Update with a 5-byte MAC: no error")
+	}
+}
+
+// TestCountersFollowRules checks that a rule keeps its counts across
+// updates, that a new rule starts at zero, and that a removed rule's counts
+// do not show up under the rule that takes its place.
+func TestCountersFollowRules(t *testing.T) {
+	x := loadXDP(t)
+	vip := netip.MustParseAddr("198.18.0.1")
+	rule := func(id RuleID, port uint16) Rule {
+		return Rule{ID: id, VIP: vip, PortLo: port, PortHi: port, Proto: ProtoTCP}
+	}
+	send := func(port uint16, n int) {
+		frame := (&pkt{src: netip.MustParseAddr("198.18.3.3"), sport: 5000, dst: vip, dport: port, proto: layers.IPProtocolTCP, ack: true}).build()
+		for i := 0; i < n; i++ {
+			if _, _, err := x.Run(frame); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	update := func(rs ...Rule) {
+		c := &Config{VIPs: []netip.Addr{vip}, Rules: rs}
+		if err := x.Update(allIn(c, Owned), nodeMAC); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update(rule(1, 80), rule(2, 81))
+	send(80, 3)
+	send(81, 5)
+	update(rule(2, 81), rule(3, 82)) // 1 leaves, 3 arrives
+	send(82, 7)
+	update(rule(2, 81), rule(3, 82), rule(4, 80)) // 4 may reuse 1's slot
+	send(80, 1)
+	got, err := x.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Counters{2: {Accepted: 5}, 3: {Accepted: 7}, 4: {Accepted: 1}}
+	if diff := cmp.Diff(want, noZero(got)); diff != "" {
+		t.Errorf("counters (-want +got):\n%s", diff)
 	}
 }
