@@ -3,7 +3,6 @@ package lab
 import (
 	"fmt"
 	"os"
-
 	"syscall"
 	"time"
 )
