@@ -19,7 +19,7 @@ import (
 )
 
 // needRoot skips a test that builds namespaces when it cannot.
-func needRoot(t *testing.T) {
+func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the lab builds network namespaces: run as root")
@@ -31,7 +31,7 @@ func needRoot(t *testing.T) {
 
 // upForTest builds a lab without agents whose binary is this test binary,
 // and removes it in t.Cleanup whatever happens.
-func upForTest(t *testing.T, nodes int) *Lab {
+func upForTest(t testing.TB, nodes int) *Lab {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -52,7 +52,7 @@ func upForTest(t *testing.T, nodes int) *Lab {
 }
 
 // assertGone fails if anything of lab id is left: namespaces or files.
-func assertGone(t *testing.T, id string) {
+func assertGone(t testing.TB, id string) {
 	t.Helper()
 	out, err := ip(context.Background(), "netns", "list")
 	if err != nil {
@@ -67,7 +67,7 @@ func assertGone(t *testing.T, id string) {
 
 // inNamespace runs f on a thread moved into namespace ns; sockets f opens
 // live there.
-func inNamespace(t *testing.T, ns string, f func() error) error {
+func inNamespace(t testing.TB, ns string, f func() error) error {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -93,7 +93,7 @@ func inNamespace(t *testing.T, ns string, f func() error) error {
 }
 
 // ping sends one ICMP echo to dst from inside ns and waits for the reply.
-func ping(t *testing.T, ns string, dst netip.Addr) error {
+func ping(t testing.TB, ns string, dst netip.Addr) error {
 	return inNamespace(t, ns, func() error {
 		c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 		if err != nil {
