@@ -72,6 +72,18 @@ func NewClassifier(t *Tables, ifMAC net.HardwareAddr, conns ConnLookup) *Classif
 	return c
 }
 
+// Classify judges one frame for a node with tables t and interface MAC
+// ifMAC, as Classifier.Classify does (rewriting the destination MAC of
+// frame on Accept). conns may be nil.
+func Classify(t *Tables, frame []byte, ifMAC net.HardwareAddr, conns ConnLookup) Result {
+	c := Classifier{t: t, conns: conns}
+	copy(c.mac[:], ifMAC)
+	if c.conns == nil {
+		c.conns = NoConns{}
+	}
+	return c.Classify(frame)
+}
+
 // flow is what the state rules need to know of a packet.
 type flow struct {
 	rule   RuleID

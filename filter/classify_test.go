@@ -240,7 +240,11 @@ func TestClassifyNoAllocs(t *testing.T) {
 		(&pkt{src: refClient, sport: 1, dst: netip.MustParseAddr("10.0.0.1"), dport: 1, proto: layers.IPProtocolUDP}).build(),
 	}
 	for _, st := range []BucketState{Owned, NotOwned, OwnedDirty, Draining} {
-		cl := NewClassifier(allIn(c, st), nodeMAC, cs)
+		tb := allIn(c, st)
+		if n := testing.AllocsPerRun(200, func() { Classify(tb, frames[0], nodeMAC, cs) }); n != 0 {
+			t.Errorf("Classify, state %v: %v allocations per run, want 0", st, n)
+		}
+		cl := NewClassifier(tb, nodeMAC, cs)
 		if n := testing.AllocsPerRun(200, func() {
 			for _, f := range frames {
 				cl.Classify(f)

@@ -6,10 +6,13 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
@@ -27,11 +30,13 @@ func TestSocketLookup(t *testing.T) {
 	enterNetns(t, ns)
 	x := loadXDP(t)
 	conn, _ := realConn(t, vip, client)
+	tw := timeWaitConn(t, ns, vip, client)
 	stranger := netip.MustParseAddr("198.18.0.3")
 
 	est := pkt{src: conn[0].Addr(), sport: conn[0].Port(), dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true}
 	estICMP := pkt{src: netip.MustParseAddr("198.18.9.9"), dst: vip, proto: layers.IPProtocolICMPv4, icmpType: 3,
 		inner: embedded(pkt{src: vip, sport: 80, dst: conn[0].Addr(), dport: conn[0].Port(), proto: layers.IPProtocolTCP})}
+	timeWait := pkt{src: tw[0].Addr(), sport: tw[0].Port(), dst: vip, dport: tw[1].Port(), proto: layers.IPProtocolTCP, ack: true}
 	unknown := pkt{src: stranger, sport: 40000, dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true}
 	syn := pkt{src: stranger, sport: 40001, dst: vip, dport: 80, proto: layers.IPProtocolTCP, syn: true}
 	synack := pkt{src: stranger, sport: 40002, dst: vip, dport: 80, proto: layers.IPProtocolTCP, syn: true, ack: true}
@@ -45,12 +50,14 @@ func TestSocketLookup(t *testing.T) {
 	}{
 		{"dirty established", OwnedDirty, est, Accept},
 		{"dirty icmp error about established", OwnedDirty, estICMP, Accept},
+		{"dirty time-wait", OwnedDirty, timeWait, Accept},
 		{"dirty unknown (finds only the listener)", OwnedDirty, unknown, Drop},
 		{"dirty syn", OwnedDirty, syn, Accept},
 		{"dirty syn-ack is not a syn", OwnedDirty, synack, Drop},
 		{"dirty udp", OwnedDirty, udp, Accept},
 		{"draining established", Draining, est, Accept},
 		{"draining icmp error about established", Draining, estICMP, Accept},
+		{"draining time-wait", Draining, timeWait, Accept},
 		{"draining unknown", Draining, unknown, Drop},
 		{"draining syn", Draining, syn, Drop},
 		{"draining udp", Draining, udp, Drop},
@@ -59,7 +66,7 @@ func TestSocketLookup(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			enterNetns(t, ns) // a subtest runs on its own goroutine
 			c := &Config{Seed: 99, VIPs: []netip.Addr{vip},
-				Rules: []Rule{{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: ProtoBoth, Affinity: AffinityNone}}}
+				Rules: []Rule{{ID: 1, VIP: vip, PortLo: 80, PortHi: 8080, Proto: ProtoBoth, Affinity: AffinityNone}}}
 			st := new([NumBuckets]BucketState)
 			for b := range st {
 				st[b] = tt.state
@@ -70,7 +77,7 @@ func TestSocketLookup(t *testing.T) {
 			}
 			frame := tt.p.build()
 			ref := append([]byte(nil), frame...)
-			res := NewClassifier(tb, nodeMAC, conns{conn: true}).Classify(ref)
+			res := NewClassifier(tb, nodeMAC, conns{conn: true, tw: true}).Classify(ref)
 			if res.Verdict != tt.want {
 				t.Errorf("reference: %+v, want %v", res, tt.want)
 			}
@@ -212,5 +219,45 @@ func TestAtomicUpdate(t *testing.T) {
 	t.Logf("%d packets over %d swaps: %d by version 0, %d by version 1", ran.Load(), swaps, seen[0].Load(), seen[1].Load())
 	if seen[0].Load() == 0 || seen[1].Load() == 0 {
 		t.Errorf("packets never met one of the versions: %d, %d", seen[0].Load(), seen[1].Load())
+	}
+}
+
+// timeWaitConn makes a connection from client to vip:8080 that the server
+// closes first, and waits until the server's side is in TIME_WAIT. It
+// returns the connection's (client, vip) tuple.
+func timeWaitConn(t *testing.T, ns string, vip, client netip.Addr) [2]netip.AddrPort {
+	t.Helper()
+	srv := netip.AddrPortFrom(vip, 8080)
+	ln, err := net.Listen("tcp4", srv.String())
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	defer ln.Close()
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client, 0))}
+	c, err := d.Dial("tcp4", srv.String())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	s.Close() // the server closes first, so its side ends in TIME_WAIT
+	buf := make([]byte, 1)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.Read(buf) // wait for the server's FIN
+	c.Close()
+	cl := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	tuple := [2]netip.AddrPort{netip.AddrPortFrom(cl.Addr().Unmap(), cl.Port()), srv}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out := run(t, "ip", "netns", "exec", ns, "ss", "-Htn", "state", "time-wait")
+		if strings.Contains(out, tuple[0].String()) {
+			return tuple
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no TIME_WAIT socket for %v; ss says:\n%s", tuple, out)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
