@@ -43,10 +43,11 @@ type shoalSettings struct {
 	Pad  [2]uint8
 }
 
-type shoalVipKey struct {
-	_       structs.HostLayout
-	Version uint32
-	Addr    uint32
+type shoalVipBucket struct {
+	_    structs.HostLayout
+	N    uint32
+	Addr [16]uint32
+	Idx  [16]uint8
 }
 
 // Names of all BPF objects in the ELF.

@@ -22,6 +22,7 @@ const (
 	MaxVIPs  = 16  // VIPs per cluster
 	MaxRules = 127 // port rules, DefaultRule not counted
 	maxSlots = MaxRules + 1
+	vipDir   = 256 // VIP directory entries per version, by last octet
 )
 
 // ErrCapacity is returned by Update when the tables hold more VIPs or port
@@ -48,7 +49,7 @@ type XDP struct {
 	mode    AttachMode
 	version uint32            // the version packets are judged by
 	slots   map[RuleID]uint32 // rule -> table slot and counter index
-	vips    [2][]uint32       // VIP keys written in each version
+	vipDir  [2][]uint32       // vips entries holding VIPs, per version
 }
 
 // LoadXDP loads the XDP program and its tables into the kernel. It judges
@@ -214,19 +215,8 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 			}
 		}
 	}
-	for _, a := range x.vips[next] {
-		if err := x.objs.Vips.Delete(shoalVipKey{Version: next, Addr: a}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("update xdp vips: %w", err)
-		}
-	}
-	x.vips[next] = nil
-	for i, v := range c.VIPs {
-		b := v.As4()
-		a := binary.NativeEndian.Uint32(b[:]) // the address bytes as they sit in the packet
-		if err := x.objs.Vips.Update(shoalVipKey{Version: next, Addr: a}, uint32(i), ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("update xdp vip %s: %w", v, err)
-		}
-		x.vips[next] = append(x.vips[next], a)
+	if err := x.writeVIPs(next, c.VIPs); err != nil {
+		return err
 	}
 
 	if err := x.objs.Active.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
@@ -238,6 +228,36 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	if err := x.objs.Barrier.Update(uint32(0), x.objs.BarrierInner, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("wait for xdp programs after flip: %w", err)
 	}
+	return nil
+}
+
+// writeVIPs fills the VIP directory of version v: VIPs grouped by the last
+// octet of their address, each with its index in vips.
+func (x *XDP) writeVIPs(v uint32, vips []netip.Addr) error {
+	byKey := map[uint32]*shoalVipBucket{}
+	for _, k := range x.vipDir[v] {
+		byKey[k] = &shoalVipBucket{} // clear what the last use of v left
+	}
+	var written []uint32
+	for i, vip := range vips {
+		b := vip.As4()
+		k := v*vipDir + uint32(b[3])
+		vb := byKey[k]
+		if vb == nil || vb.N == 0 {
+			vb = &shoalVipBucket{}
+			byKey[k] = vb
+			written = append(written, k)
+		}
+		vb.Addr[vb.N] = binary.NativeEndian.Uint32(b[:]) // the bytes as they sit in the packet
+		vb.Idx[vb.N] = uint8(i)
+		vb.N++
+	}
+	for k, vb := range byKey {
+		if err := x.objs.Vips.Update(k, vb, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update xdp vips: %w", err)
+		}
+	}
+	x.vipDir[v] = written
 	return nil
 }
 

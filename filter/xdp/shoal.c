@@ -43,9 +43,12 @@
 #define ETH_P_IP_ 0x0800
 #define BPF_TCP_LISTEN_ 10
 
-struct vip_key {
-	__u32 version;
-	__u32 addr; // network byte order, as in the packet
+#define VIP_DIR 256
+
+struct vip_bucket {
+	__u32 n;
+	__u32 addr[MAX_VIPS]; // network byte order, as in the packet
+	__u8 idx[MAX_VIPS];
 };
 
 struct settings {
@@ -89,12 +92,14 @@ struct {
 	__type(value, struct settings);
 } settings SEC(".maps");
 
-// vips: (version, VIP address) -> VIP index.
+// vips[version*VIP_DIR + last octet of the address]: the VIPs ending in
+// that octet and their indexes. An array lookup and a compare or two cost
+// less than a hash map lookup, and every packet, VIP or not, pays this one.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 2 * MAX_VIPS);
-	__type(key, struct vip_key);
-	__type(value, __u32);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * VIP_DIR);
+	__type(key, __u32);
+	__type(value, struct vip_bucket);
 } vips SEC(".maps");
 
 // ports[(version*MAX_VIPS + vip index)*2 + (0 tcp, 1 udp)]: port -> slot.
@@ -243,6 +248,24 @@ static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f)
 	return held;
 }
 
+// vip_index finds addr (network byte order) among the VIPs of version.
+static __always_inline int vip_index(__u32 version, __u32 addr, __u32 *idx)
+{
+	__u32 key = version * VIP_DIR + (bpf_ntohl(addr) & 0xff);
+	struct vip_bucket *vb = bpf_map_lookup_elem(&vips, &key);
+	if (!vb)
+		return 0;
+	for (int i = 0; i < MAX_VIPS; i++) {
+		if (i >= vb->n)
+			break;
+		if (vb->addr[i] == addr) {
+			*idx = vb->idx[i] & (MAX_VIPS - 1);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 #define PROTO_TCP_IDX 0
 #define PROTO_UDP_IDX 1
 
@@ -274,12 +297,8 @@ int shoal_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	__u32 version = *ver & 1;
 
-	struct vip_key vk = {.version = version, .addr = *(__u32 *)(ip + 16)};
-	__u32 *vip_idx = bpf_map_lookup_elem(&vips, &vk);
-	if (!vip_idx)
-		return XDP_PASS;
-	__u32 vidx = *vip_idx;
-	if (vidx >= MAX_VIPS)
+	__u32 vidx;
+	if (!vip_index(version, *(__u32 *)(ip + 16), &vidx))
 		return XDP_PASS;
 
 	// From here on the packet is VIP traffic: counted, accepted or dropped.
@@ -356,13 +375,11 @@ int shoal_xdp(struct xdp_md *ctx)
 			__u32 eihl = (e[0] & 0x0f) * 4;
 			if ((e[0] >> 4) != 4 || eihl < 20 || eihl > elen)
 				return drop(0, R_MALFORMED);
-			struct vip_key ek = {.version = version, .addr = *(__u32 *)(e + 12)};
-			__u32 *evip_idx = bpf_map_lookup_elem(&vips, &ek);
-			if (!evip_idx || *evip_idx >= MAX_VIPS) {
+			__u32 evidx;
+			if (!vip_index(version, *(__u32 *)(e + 12), &evidx)) {
 				f.a = src; // not about a VIP flow: like any other ICMP
 				goto judge;
 			}
-			__u32 evidx = *evip_idx;
 			__u32 client = bpf_ntohl(*(__u32 *)(e + 16));
 			__u8 eproto = e[9];
 			if (eproto != IPPROTO_TCP && eproto != IPPROTO_UDP) {
