@@ -1,0 +1,482 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// dataplane is what the agent needs of the XDP program.
+type dataplane interface {
+	Update(t *filter.Tables, ifMAC net.HardwareAddr) error
+	Counters() (filter.Counters, error)
+}
+
+// Agent is one running node.
+type Agent struct {
+	cfg   *Config
+	key   []byte
+	log   *slog.Logger
+	store *rules.Store
+	cmd   *commander
+	ifi   *net.Interface
+	dp    dataplane
+	arp   *arpResponder
+	hc    *healthChecker
+	link  *hbLink
+
+	wake chan struct{} // a reconcile is due
+
+	mu        sync.Mutex // guards everything below
+	self      filter.NodeID
+	rstate    *rules.State
+	fcfg      *filter.Config
+	machine   *heartbeat.Machine[filter.Set]
+	hbStatus  heartbeat.Status[filter.Set]
+	held      filter.Set
+	conns     int
+	last      plan
+	lastKey   reconcileKey
+	plugged   bool
+	stopAsked bool // a drain finished and the stop was proposed
+}
+
+// reconcileKey is what the data plane was last computed from; an unchanged
+// key means there is nothing to push.
+type reconcileKey struct {
+	hbVersion  uint64
+	rulesIndex uint64
+	plugged    bool
+	held       string
+}
+
+// Run runs the agent until ctx ends, then removes everything it set up.
+func Run(ctx context.Context, cfg *Config) (err error) {
+	log := slog.Default().With("node", cfg.NodeName)
+	key, err := ReadKey(cfg.KeyFile)
+	if err != nil {
+		return err
+	}
+	a := &Agent{cfg: cfg, key: key, log: log, wake: make(chan struct{}, 1), held: filter.Set{}}
+	var cleanups []func() error
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			if cerr := cleanups[i](); cerr != nil {
+				log.Error("teardown", "err", cerr)
+				err = errors.Join(err, cerr)
+			}
+		}
+		log.Info("agent stopped")
+	}()
+	cleanup := func(f func() error) { cleanups = append(cleanups, f) }
+
+	// Rules first: nothing else can be configured without them.
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	a.store, err = rules.Open(rules.StoreConfig{
+		NodeName: cfg.NodeName, DataDir: cfg.DataDir, RaftBind: cfg.RaftAddr,
+		HeartbeatAddr: cfg.HeartbeatAddr, APIAddr: cfg.PeerAddr, Key: key,
+		Bootstrap: cfg.Bootstrap, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	cleanup(a.store.Close)
+	a.cmd = &commander{store: a.store, self: func() filter.NodeID { a.mu.Lock(); defer a.mu.Unlock(); return a.self }}
+
+	peerLn, err := net.Listen("tcp", cfg.PeerAddr)
+	if err != nil {
+		return fmt.Errorf("peer api: %w", err)
+	}
+	peerSrv := &http.Server{Handler: a.peerHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go peerSrv.Serve(peerLn)
+	cleanup(func() error { return peerSrv.Close() })
+
+	if err := a.joinCluster(ctx); err != nil {
+		return err
+	}
+	if err := a.awaitRegistration(ctx); err != nil {
+		return err
+	}
+	if err := a.ensureVIPs(ctx); err != nil {
+		return err
+	}
+
+	// The host: VIPs, sysctls, cluster MAC membership, XDP.
+	h, err := setupHost(cfg.Interface, cfg.VIPs)
+	if err != nil {
+		return err
+	}
+	cleanup(h.teardown)
+	a.ifi = h.ifi
+	xdp, err := filter.LoadXDP()
+	if err != nil {
+		return fmt.Errorf("load xdp: %w", err)
+	}
+	cleanup(xdp.Close)
+	a.dp = xdp
+	// Accept nothing until the cluster has converged.
+	if err := xdp.Update(filter.NewTables(a.fcfg, a.self, nil, nil, nil), a.ifi.HardwareAddr); err != nil {
+		return fmt.Errorf("xdp tables: %w", err)
+	}
+	if err := xdp.Attach(cfg.Interface); err != nil {
+		return fmt.Errorf("attach xdp to %s: %w", cfg.Interface, err)
+	}
+	a.arp, err = listenARP(a.ifi, cfg.VIPs)
+	if err != nil {
+		return err
+	}
+	cleanup(a.arp.close)
+	go func() {
+		if err := a.arp.serve(ctx); err != nil {
+			log.Error("arp responder stopped", "err", err)
+		}
+	}()
+
+	// Membership.
+	a.link, err = listenHeartbeat(cfg.HeartbeatAddr)
+	if err != nil {
+		return fmt.Errorf("heartbeat socket: %w", err)
+	}
+	cleanup(a.link.Close)
+	if err := a.newMachine(time.Now()); err != nil {
+		return err
+	}
+
+	a.hc = newHealthChecker(cfg.Health)
+	go a.hc.run(ctx, func(ok bool) {
+		log.Warn("health changed", "healthy", ok)
+		a.poke()
+	})
+
+	ctlLn, err := listenUnix(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	ctlSrv := &http.Server{Handler: controlHandler(a), ReadHeaderTimeout: 5 * time.Second}
+	go ctlSrv.Serve(ctlLn)
+	cleanup(func() error { ctlSrv.Close(); os.Remove(cfg.Socket); return nil })
+
+	if cfg.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metricsHandler(a))
+		mln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go msrv.Serve(mln)
+		cleanup(msrv.Close)
+	}
+
+	if err := a.arp.announce(); err != nil {
+		log.Warn("gratuitous arp", "err", err)
+	}
+	log.Info("agent running", "id", a.self, "interface", cfg.Interface, "xdp", xdp.Mode(), "vips", cfg.VIPs)
+	return a.loop(ctx)
+}
+
+// joinCluster joins through the configured members unless this node is
+// already a member (a restart) or bootstraps.
+func (a *Agent) joinCluster(ctx context.Context) error {
+	if a.cfg.Bootstrap || a.store.State().NodeByName(a.cfg.NodeName) != nil {
+		return nil
+	}
+	me := rules.NodeInfo{Name: a.cfg.NodeName, HeartbeatAddr: a.cfg.HeartbeatAddr, RaftAddr: a.cfg.RaftAddr, APIAddr: a.cfg.PeerAddr}
+	backoff := 200 * time.Millisecond
+	for {
+		var errs []error
+		for _, member := range a.cfg.Join {
+			id, err := a.store.Join(ctx, member, me)
+			if err == nil {
+				a.log.Info("joined the cluster", "via", member, "id", id)
+				return nil
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", member, err))
+		}
+		a.log.Warn("join failed; retrying", "err", errors.Join(errs...))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("join: %w", errors.Join(errs...))
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// ensureVIPs makes the VIPs this node is configured with cluster VIPs, so
+// rules can name them. Adding an existing VIP changes nothing.
+func (a *Agent) ensureVIPs(ctx context.Context) error {
+	for _, vip := range a.cfg.VIPs {
+		if a.store.State().HasVIP(vip) {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := a.store.Apply(cctx, &rules.PutVIP{VIP: vip})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("add vip %s to the cluster: %w", vip, err)
+		}
+	}
+	return nil
+}
+
+// awaitRegistration waits until the local replica knows this node.
+func (a *Agent) awaitRegistration(ctx context.Context) error {
+	ch, stop := a.store.Subscribe()
+	defer stop()
+	for {
+		st := a.store.State()
+		if n := st.NodeByName(a.cfg.NodeName); n != nil {
+			a.self, a.rstate, a.fcfg = n.ID, st, st.FilterConfig()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// newMachine starts a fresh membership state machine (a new incarnation):
+// at start, and when a pulled plug is put back, the node must listen before
+// it takes anything.
+func (a *Agent) newMachine(now time.Time) error {
+	st := a.rstate
+	period := st.Settings.HeartbeatPeriod
+	if a.cfg.HeartbeatPeriod > 0 {
+		period = a.cfg.HeartbeatPeriod
+	}
+	m, err := heartbeat.NewMachine(heartbeat.Config{
+		ClusterID: st.Settings.ClusterID, Self: uint32(a.self), Key: a.key,
+		Period: period, Tolerance: st.Settings.HeartbeatTolerance,
+	}.WithDefaults(), now, a.owned, func(x, y filter.Set) filter.Set { return x.Intersect(y) })
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	a.machine = m
+	a.applyRules(now, st)
+	return nil
+}
+
+// owned is the machine's ownership function: the buckets this node owns in
+// view v under the current rules. The machine calls it with a.mu held.
+func (a *Agent) owned(v heartbeat.View) filter.Set {
+	elig := make([]filter.NodeID, len(v.Eligible))
+	for i, id := range v.Eligible {
+		elig[i] = filter.NodeID(id)
+	}
+	return filter.Assign(a.fcfg, elig).Owned(a.self)
+}
+
+// applyRules feeds a new rules state to the machine. Call with a.mu held.
+func (a *Agent) applyRules(now time.Time, st *rules.State) {
+	a.rstate, a.fcfg = st, st.FilterConfig()
+	peers := make([]uint32, 0, len(st.Nodes))
+	for _, n := range st.Nodes {
+		if n.ID != a.self {
+			peers = append(peers, uint32(n.ID))
+		}
+	}
+	a.machine.SetPeers(now, peers)
+	a.setLocal(now)
+}
+
+// setLocal tells the machine what this node advertises. Call with a.mu held.
+func (a *Agent) setLocal(now time.Time) {
+	admin := rules.AdminStopped
+	if n := a.rstate.Node(a.self); n != nil {
+		admin = n.Admin
+	}
+	healthy := a.hc == nil || a.hc.healthy.Load()
+	a.machine.SetLocal(now, heartbeat.Local{
+		Admin: adminToHeartbeat(admin), Healthy: healthy,
+		RulesIndex: a.rstate.Index, Seed: a.rstate.Settings.HashSeed,
+		Draining: toHeartbeat(a.last.draining),
+		Counters: heartbeat.Counters{Connections: uint64(a.conns)},
+	})
+}
+
+func (a *Agent) poke() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop is the agent's heart: every period it scans the node's connections,
+// ticks and sends heartbeats, and pushes new tables to the data plane when
+// the view, the rules or the held buckets changed.
+func (a *Agent) loop(ctx context.Context) error {
+	rulesCh, stopSub := a.store.Subscribe()
+	defer stopSub()
+	msgs := make(chan *heartbeat.Message, 256)
+	go a.link.Receive(ctx, a.key, a.rstate.Settings.ClusterID, msgs)
+	scan := time.NewTicker(a.period() / 2)
+	defer scan.Stop()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case msg := <-msgs:
+			a.mu.Lock()
+			if !a.plugged {
+				a.machine.Receive(time.Now(), msg)
+			}
+			a.mu.Unlock()
+		case <-rulesCh:
+			a.mu.Lock()
+			a.applyRules(time.Now(), a.store.State())
+			a.mu.Unlock()
+		case <-scan.C:
+			a.scanConnections()
+		case <-timer.C:
+		case <-a.wake:
+		}
+		next := a.step(ctx, time.Now())
+		timer.Reset(time.Until(next))
+	}
+}
+
+func (a *Agent) period() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.machine.Config().Period
+}
+
+// scanConnections refreshes the buckets this node holds connections in.
+func (a *Agent) scanConnections() {
+	conns, err := scanConns(a.cfg.VIPs)
+	if err != nil {
+		a.log.Warn("socket scan", "err", err)
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.held = holdings(a.fcfg, conns)
+	a.conns = len(conns)
+}
+
+// step advances the machine, sends a heartbeat when due, and reconciles.
+// It returns when it wants to run next.
+func (a *Agent) step(ctx context.Context, now time.Time) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.setLocal(now)
+	a.machine.Tick(now)
+	if !a.plugged && !now.Before(a.machine.NextSend()) {
+		msg := a.machine.Outgoing(now)
+		if err := a.link.Send(msg, a.key, a.peerAddrs()); err != nil {
+			a.log.Debug("heartbeat send", "err", err)
+		}
+	}
+	a.reconcile()
+	a.finishDrain(ctx)
+	return a.machine.Wake()
+}
+
+// peerAddrs returns the heartbeat addresses of every other registered node.
+func (a *Agent) peerAddrs() []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(a.rstate.Nodes))
+	for _, n := range a.rstate.Nodes {
+		if n.ID == a.self {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(n.HeartbeatAddr); err == nil {
+			out = append(out, ap)
+		}
+	}
+	return out
+}
+
+// reconcile pushes new tables when anything they depend on changed. Call
+// with a.mu held.
+func (a *Agent) reconcile() {
+	st := a.machine.Status()
+	key := reconcileKey{hbVersion: st.Version, rulesIndex: a.rstate.Index, plugged: a.plugged, held: setKey(a.held)}
+	if key == a.lastKey && a.last.tables != nil {
+		return
+	}
+	prevView := a.hbStatus.View
+	a.hbStatus = st
+	admin := rules.AdminStopped
+	if n := a.rstate.Node(a.self); n != nil {
+		admin = n.Admin
+	}
+	p := planTables(a.fcfg, a.self, admin, a.plugged, st.Accept, fromHeartbeat(st.PeersDraining), a.held)
+	if err := a.dp.Update(p.tables, a.ifi.HardwareAddr); err != nil {
+		a.log.Error("update xdp tables; keeping the previous ones", "err", err)
+		return
+	}
+	a.last, a.lastKey = p, key
+	if !st.View.Equal(prevView) {
+		a.log.Info("view changed", "eligible", st.View.Eligible, "rules_index", st.View.RulesIndex, "converged", st.Converged)
+		if a.arp != nil && !a.plugged {
+			go a.arp.announce()
+		}
+	}
+}
+
+// finishDrain stops a draining node once it holds no connections. Call with
+// a.mu held.
+func (a *Agent) finishDrain(ctx context.Context) {
+	n := a.rstate.Node(a.self)
+	if n == nil || n.Admin != rules.AdminDraining {
+		a.stopAsked = false
+		return
+	}
+	if a.conns > 0 || a.stopAsked {
+		return
+	}
+	a.stopAsked = true
+	id := a.self
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := a.store.Apply(cctx, &rules.SetAdminState{Node: id, State: rules.AdminStopped})
+		if err != nil {
+			a.log.Warn("drain finished but stop failed; will retry", "err", err)
+			a.mu.Lock()
+			a.stopAsked = false
+			a.mu.Unlock()
+			return
+		}
+		a.log.Info("drain finished: node stopped")
+	}()
+}
+
+// setKey is a cheap fingerprint of a bucket set.
+func setKey(s filter.Set) string {
+	ids := make([]filter.RuleID, 0, len(s))
+	for id := range s {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	b := make([]byte, 0, len(ids)*(4+filter.NumBuckets/8))
+	for _, id := range ids {
+		b = append(b, byte(id>>24), byte(id>>16), byte(id>>8), byte(id))
+		for _, w := range s[id] {
+			for i := 0; i < 8; i++ {
+				b = append(b, byte(w>>(8*i)))
+			}
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,148 @@
+package agent
+
+import (
+	"github.com/shoalnet/shoal/filter"
+)
+
+// Status is one node's own view of itself, as `shoal status` prints it.
+type Status struct {
+	NodeID      filter.NodeID         `json:"node_id"`
+	NodeName    string                `json:"node_name"`
+	Admin       string                `json:"admin"`
+	Healthy     bool                  `json:"healthy"`
+	HealthError string                `json:"health_error,omitempty"`
+	Converged   bool                  `json:"converged"`
+	RulesIndex  uint64                `json:"rules_index"`
+	View        ViewInfo              `json:"view"`
+	Live        []filter.NodeID       `json:"live"`
+	Accepting   map[filter.RuleID]int `json:"accepting"`   // buckets taking new connections, per rule
+	Draining    map[filter.RuleID]int `json:"draining"`    // buckets held only for existing connections
+	Dirty       map[filter.RuleID]int `json:"dirty"`       // accepting buckets another node still drains
+	Connections int                   `json:"connections"` // TCP connections held on the VIPs
+	Plugged     bool                  `json:"plugged,omitempty"`
+	Leader      string                `json:"leader"`
+}
+
+// ViewInfo is the membership view a node acts on.
+type ViewInfo struct {
+	Eligible   []filter.NodeID `json:"eligible"`
+	RulesIndex uint64          `json:"rules_index"`
+	Seed       uint32          `json:"seed"`
+}
+
+// Query is the cluster as one node sees it, as `shoal query` prints it.
+type Query struct {
+	Self       string      `json:"self"`
+	Converged  bool        `json:"converged"`
+	RulesIndex uint64      `json:"rules_index"`
+	Leader     string      `json:"leader"`
+	Nodes      []NodeInfo  `json:"nodes"`
+	Rules      []RuleInfo  `json:"rules"`
+	VIPs       []string    `json:"vips"`
+	Settings   SettingInfo `json:"settings"`
+}
+
+// SettingInfo shows the cluster settings.
+type SettingInfo struct {
+	ClusterID          uint32 `json:"cluster_id"`
+	HashSeed           uint32 `json:"hash_seed"`
+	HeartbeatPeriod    string `json:"heartbeat_period"`
+	HeartbeatTolerance int    `json:"heartbeat_tolerance"`
+}
+
+// NodeInfo is one registered node in a Query.
+type NodeInfo struct {
+	ID           filter.NodeID `json:"id"`
+	Name         string        `json:"name"`
+	HostPriority int           `json:"host_priority"`
+	Admin        string        `json:"admin"`
+	Live         bool          `json:"live"`
+	Healthy      bool          `json:"healthy"`
+	Eligible     bool          `json:"eligible"`
+	// Share is the fraction of each rule's buckets the node owns in the
+	// current view (the default rule is "0").
+	Share         map[filter.RuleID]float64 `json:"share"`
+	HeartbeatAddr string                    `json:"heartbeat_addr"`
+	APIAddr       string                    `json:"api_addr"`
+}
+
+// RuleInfo is one port rule with every node's settings for it.
+type RuleInfo struct {
+	ID       filter.RuleID           `json:"id"`
+	VIP      string                  `json:"vip"` // "all" for every VIP
+	Ports    string                  `json:"ports"`
+	Proto    string                  `json:"proto"`
+	Mode     string                  `json:"mode"`
+	Affinity string                  `json:"affinity"`
+	State    string                  `json:"state"`
+	Nodes    map[string]NodeRuleInfo `json:"nodes"`
+}
+
+// NodeRuleInfo is a node's settings for one rule.
+type NodeRuleInfo struct {
+	Weight           int    `json:"weight"`
+	HandlingPriority int    `json:"handling_priority"`
+	State            string `json:"state"`
+}
+
+// Params is a node's configuration and live counters, for `shoal display`.
+type Params struct {
+	Config    Config                           `json:"config"`
+	Settings  SettingInfo                      `json:"settings"`
+	Packets   map[filter.RuleID]PacketCounters `json:"packets"`
+	Heartbeat map[string]uint64                `json:"heartbeat"`
+	ARP       map[string]uint64                `json:"arp"`
+}
+
+// PacketCounters are one rule's data-plane counters.
+type PacketCounters struct {
+	Accepted uint64            `json:"accepted"`
+	Dropped  map[string]uint64 `json:"dropped"`
+}
+
+// Requests of the control API.
+type (
+	// AdminRequest sets a node's admin state; Node "" means this node.
+	AdminRequest struct {
+		Node  string `json:"node"`
+		State string `json:"state"`
+	}
+	// RuleRequest adds a port rule.
+	RuleRequest struct {
+		VIP      string `json:"vip"` // "" or "all" for every VIP
+		Ports    string `json:"ports"`
+		Proto    string `json:"proto"`
+		Mode     string `json:"mode"`
+		Affinity string `json:"affinity"`
+	}
+	// RuleStateRequest enables, disables or drains a rule ("vip:port", an
+	// id, or "all"), on one node or, with AllNodes, cluster-wide.
+	RuleStateRequest struct {
+		Target   string `json:"target"`
+		State    string `json:"state"`
+		Node     string `json:"node"`
+		AllNodes bool   `json:"all_nodes"`
+	}
+	// WeightRequest sets a node's load weight on a rule: 0-100 or "equal".
+	WeightRequest struct {
+		Rule   string `json:"rule"`
+		Node   string `json:"node"`
+		Weight string `json:"weight"`
+	}
+	// PriorityRequest sets a node's host priority, or with Rule its
+	// handling priority for a single-host rule.
+	PriorityRequest struct {
+		Rule     string `json:"rule"`
+		Node     string `json:"node"`
+		Priority int    `json:"priority"`
+	}
+	// PlugRequest pulls (or puts back) this node's virtual plug: it stops
+	// heartbeating and drops every VIP packet, as if its cable were cut.
+	PlugRequest struct {
+		Pulled bool `json:"pulled"`
+	}
+	// APIError is the body of every error response.
+	APIError struct {
+		Error string `json:"error"`
+	}
+)

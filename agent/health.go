@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// healthState turns probe results into a verdict with hysteresis: Fall
+// failures in a row make a node sick, Rise successes in a row make it
+// healthy again, so one slow response does not move buckets.
+type healthState struct {
+	rise, fall int
+	healthy    bool
+	streak     int // consecutive results that disagree with healthy
+	lastErr    string
+}
+
+func newHealthState(rise, fall int) *healthState {
+	return &healthState{rise: rise, fall: fall, healthy: true}
+}
+
+// observe records one probe result and reports whether the verdict changed.
+func (h *healthState) observe(err error) bool {
+	ok := err == nil
+	if err != nil {
+		h.lastErr = err.Error()
+	}
+	if ok == h.healthy {
+		h.streak = 0
+		return false
+	}
+	h.streak++
+	need := h.fall
+	if !h.healthy {
+		need = h.rise
+	}
+	if h.streak < need {
+		return false
+	}
+	h.healthy, h.streak = ok, 0
+	return true
+}
+
+// healthChecker probes the local application and publishes the verdict.
+type healthChecker struct {
+	cfg     HealthConfig
+	probe   func(context.Context) error
+	healthy atomic.Bool
+	lastErr atomic.Value // string
+}
+
+func newHealthChecker(cfg HealthConfig) *healthChecker {
+	hc := &healthChecker{cfg: cfg}
+	hc.healthy.Store(true)
+	hc.lastErr.Store("")
+	switch {
+	case cfg.URL != "":
+		client := &http.Client{Timeout: cfg.Timeout}
+		hc.probe = func(ctx context.Context) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode >= 400 {
+				return fmt.Errorf("health check %s: status %d", cfg.URL, resp.StatusCode)
+			}
+			return nil
+		}
+	case cfg.TCP != "":
+		hc.probe = func(ctx context.Context) error {
+			d := net.Dialer{Timeout: cfg.Timeout}
+			c, err := d.DialContext(ctx, "tcp", cfg.TCP)
+			if err != nil {
+				return err
+			}
+			return c.Close()
+		}
+	}
+	return hc
+}
+
+// run probes every interval until ctx ends, calling changed on each flip.
+func (hc *healthChecker) run(ctx context.Context, changed func(healthy bool)) {
+	if hc.probe == nil {
+		return
+	}
+	st := newHealthState(hc.cfg.Rise, hc.cfg.Fall)
+	t := time.NewTicker(hc.cfg.Interval)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, hc.cfg.Timeout)
+		err := hc.probe(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if st.observe(err) {
+			hc.healthy.Store(st.healthy)
+			changed(st.healthy)
+		}
+		hc.lastErr.Store(st.lastErr)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metricsSource is what the metrics endpoint reads at scrape time.
+type metricsSource interface {
+	status() Status
+	params() Params
+}
+
+// collector exports the agent's state and counters as Prometheus metrics,
+// read when scraped so that they never lag or cost anything in between.
+type collector struct {
+	src                                                metricsSource
+	accepted, dropped, hb, arp                         *prometheus.Desc
+	converged, healthy, buckets, conns, rulesIndex, up *prometheus.Desc
+}
+
+func newCollector(src metricsSource) *collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("shoal_"+name, help, labels, nil)
+	}
+	return &collector{
+		src:        src,
+		accepted:   d("packets_accepted_total", "VIP packets this node accepted, by rule.", "rule"),
+		dropped:    d("packets_dropped_total", "VIP packets this node dropped, by rule and reason.", "rule", "reason"),
+		hb:         d("heartbeat_events_total", "Heartbeat messages by event (sent, received, rejected reasons).", "event"),
+		arp:        d("arp_events_total", "ARP frames by outcome.", "event"),
+		converged:  d("converged", "1 when this node's view has converged with every eligible peer."),
+		healthy:    d("healthy", "1 when the application health check passes."),
+		buckets:    d("buckets", "Buckets by state, per rule.", "rule", "state"),
+		conns:      d("connections", "TCP connections this node holds on the VIPs."),
+		rulesIndex: d("rules_index", "Raft index of the rules this node applies."),
+		up:         d("eligible_nodes", "Nodes in this node's current view."),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.hb, c.arp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	st, p := c.src.status(), c.src.params()
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for id, pc := range p.Packets {
+		counter(c.accepted, pc.Accepted, fmt.Sprint(id))
+		for reason, n := range pc.Dropped {
+			counter(c.dropped, n, fmt.Sprint(id), reason)
+		}
+	}
+	for ev, n := range p.Heartbeat {
+		counter(c.hb, n, ev)
+	}
+	for ev, n := range p.ARP {
+		counter(c.arp, n, ev)
+	}
+	gauge(c.converged, b2f(st.Converged))
+	gauge(c.healthy, b2f(st.Healthy))
+	for id, n := range st.Accepting {
+		gauge(c.buckets, float64(n-st.Dirty[id]), fmt.Sprint(id), "owned")
+		gauge(c.buckets, float64(st.Dirty[id]), fmt.Sprint(id), "owned_dirty")
+	}
+	for id, n := range st.Draining {
+		gauge(c.buckets, float64(n), fmt.Sprint(id), "draining")
+	}
+	gauge(c.conns, float64(st.Connections))
+	gauge(c.rulesIndex, float64(st.RulesIndex))
+	gauge(c.up, float64(len(st.View.Eligible)))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// metricsHandler serves the collector (and Go runtime metrics) for scraping.
+func metricsHandler(src metricsSource) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newCollector(src), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,106 @@
+package agent
+
+import (
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// plan is everything one reconcile decides from its inputs.
+type plan struct {
+	tables   *filter.Tables
+	draining filter.Set // buckets to announce: held connections outside the accepting set
+}
+
+// planTables is the pure core of the reconcile loop: from the rules, the
+// accepting set the heartbeat machine converged on, the buckets peers still
+// drain, and the buckets this node holds connections in, it computes the
+// node's bucket states. A stopped or suspended node, and one whose plug is
+// pulled, keeps nothing; a draining node keeps its connections' buckets.
+func planTables(cfg *filter.Config, self filter.NodeID, admin rules.AdminState, plugged bool,
+	accept, peersDraining, held filter.Set) plan {
+	var draining filter.Set
+	switch {
+	case plugged:
+		accept = nil
+	case admin == rules.AdminStopped || admin == rules.AdminSuspended:
+		// Stop cuts the node's connections at once, as NLB's stop does.
+	default:
+		draining = minus(held, accept)
+	}
+	return plan{
+		tables:   filter.NewTables(cfg, self, accept, peersDraining, draining),
+		draining: draining,
+	}
+}
+
+// toHeartbeat converts a bucket set to heartbeat's wire form.
+func toHeartbeat(s filter.Set) heartbeat.Buckets {
+	out := heartbeat.Buckets{}
+	for id, m := range s {
+		var bs []uint16
+		for b := 0; b < filter.NumBuckets; b++ {
+			if m.Has(uint16(b)) {
+				bs = append(bs, uint16(b))
+			}
+		}
+		if len(bs) > 0 {
+			out[uint32(id)] = bs
+		}
+	}
+	return out
+}
+
+// fromHeartbeat converts heartbeat's wire form to a bucket set.
+func fromHeartbeat(b heartbeat.Buckets) filter.Set {
+	out := filter.Set{}
+	for id, bs := range b {
+		for _, k := range bs {
+			if k < filter.NumBuckets {
+				out.Add(filter.RuleID(id), k)
+			}
+		}
+	}
+	return out
+}
+
+// adminToHeartbeat maps the replicated admin state to the one advertised.
+func adminToHeartbeat(a rules.AdminState) heartbeat.AdminState {
+	switch a {
+	case rules.AdminStarted:
+		return heartbeat.Started
+	case rules.AdminDraining:
+		return heartbeat.Draining
+	case rules.AdminSuspended:
+		return heartbeat.Suspended
+	}
+	return heartbeat.Stopped
+}
+
+// counts returns the number of buckets per rule in s.
+func counts(s filter.Set) map[filter.RuleID]int {
+	out := map[filter.RuleID]int{}
+	for id, m := range s {
+		if n := m.Count(); n > 0 {
+			out[id] = n
+		}
+	}
+	return out
+}
+
+// stateCounts returns, per rule, how many buckets are in state st.
+func stateCounts(t *filter.Tables, st filter.BucketState) map[filter.RuleID]int {
+	out := map[filter.RuleID]int{}
+	for id, states := range t.States {
+		n := 0
+		for _, s := range states {
+			if s == st {
+				n++
+			}
+		}
+		if n > 0 {
+			out[id] = n
+		}
+	}
+	return out
+}
