@@ -1,0 +1,63 @@
+package main
+
+import (
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shoalnet/shoal/agent"
+)
+
+// agentSettings are the config fields a flag may override.
+var agentSettings = (&agent.Config{}).FieldNames()
+
+var agentCommand = &cli.Command{
+	Name:  "agent",
+	Usage: "run the shoal agent on this node",
+	Description: "Runs the node: puts the VIPs on lo, answers ARP with the cluster MAC, attaches\n" +
+		"the XDP filter, heartbeats with its peers and replicates the rules. Settings come\n" +
+		"from --config (YAML), then SHOAL_<SETTING> environment variables, then flags.\n" +
+		"On SIGTERM or SIGINT it removes everything it set up.",
+	Flags: append([]cli.Flag{
+		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "YAML config file"},
+		&cli.BoolFlag{Name: "check", Usage: "validate the configuration and exit"},
+	}, settingFlags()...),
+	Action: func(c *cli.Context) error {
+		cfg, err := agent.LoadConfig(c.String("config"))
+		if err != nil {
+			return cli.Exit(err.Error(), exitUsage)
+		}
+		if err := cfg.ApplyEnv(os.Getenv); err != nil {
+			return cli.Exit(err.Error(), exitUsage)
+		}
+		for _, name := range agentSettings {
+			if flag := flagName(name); c.IsSet(flag) {
+				if err := cfg.Set(name, c.String(flag)); err != nil {
+					return cli.Exit(err.Error(), exitUsage)
+				}
+			}
+		}
+		if err := cfg.Validate(); err != nil {
+			return cli.Exit("invalid configuration:\n"+err.Error(), exitUsage)
+		}
+		if c.Bool("check") {
+			return nil
+		}
+		ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return agent.Run(ctx, cfg)
+	},
+}
+
+func settingFlags() []cli.Flag {
+	var flags []cli.Flag
+	for _, name := range agentSettings {
+		flags = append(flags, &cli.StringFlag{Name: flagName(name), Usage: "overrides " + name})
+	}
+	return flags
+}
+
+func flagName(setting string) string { return strings.ReplaceAll(setting, "_", "-") }

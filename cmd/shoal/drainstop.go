@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shoalnet/shoal/agent"
+)
+
+var drainstopCommand = &cli.Command{
+	Name:  "drainstop",
+	Usage: "finish a node's connections, then stop it",
+	Description: "The node takes no new connections while its existing ones finish on it; when\n" +
+		"none are left it stops. The command waits, printing progress, until the node is\n" +
+		"stopped. With --timeout, a node still draining then is stopped (its remaining\n" +
+		"connections are cut) and the command exits with code 4.",
+	Flags: []cli.Flag{
+		nodeFlag,
+		&cli.DurationFlag{Name: "timeout", Usage: "stop the node anyway after this long (0 = wait forever)"},
+		&cli.BoolFlag{Name: "no-wait", Usage: "return once draining has begun"},
+	},
+	Action: func(c *cli.Context) error {
+		if c.NArg() > 0 {
+			return usageError("drainstop takes no arguments; use --node NAME for another node")
+		}
+		cl := client(c)
+		node := c.String("node")
+		if err := cl.Do(c.Context, "POST", "/v1/admin", agent.AdminRequest{Node: node, State: "draining"}, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "%s: draining\n", nodeLabel(node))
+		if c.Bool("no-wait") {
+			return nil
+		}
+		return waitDrained(c.Context, cl, c, node, c.Duration("timeout"))
+	},
+}
+
+// waitDrained polls until the node is stopped or the timeout passes.
+func waitDrained(ctx context.Context, cl *agent.Client, c *cli.Context, node string, timeout time.Duration) error {
+	start := time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	lastPrint := time.Time{}
+	for {
+		admin, conns, err := drainProgress(ctx, cl, node)
+		if err != nil {
+			return err
+		}
+		if admin == "stopped" {
+			fmt.Fprintf(c.App.Writer, "%s: stopped after %s\n", nodeLabel(node), time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		if admin != "draining" {
+			return fmt.Errorf("%s left draining: it is now %s", nodeLabel(node), admin)
+		}
+		if time.Since(lastPrint) >= time.Second {
+			if conns >= 0 {
+				fmt.Fprintf(c.App.Writer, "  %s: %d connections left\n", time.Since(start).Round(time.Second), conns)
+			} else {
+				fmt.Fprintf(c.App.Writer, "  %s: still draining\n", time.Since(start).Round(time.Second))
+			}
+			lastPrint = time.Now()
+		}
+		if timeout > 0 && time.Since(start) >= timeout {
+			if err := cl.Do(ctx, "POST", "/v1/admin", agent.AdminRequest{Node: node, State: "stopped"}, nil); err != nil {
+				return err
+			}
+			return cli.Exit(fmt.Sprintf("%s: still draining after %s; stopped it (%d connections cut)", nodeLabel(node), timeout, max(conns, 0)), exitTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// drainProgress returns the node's admin state and, for this node, the
+// number of connections it still holds (-1 when unknown).
+func drainProgress(ctx context.Context, cl *agent.Client, node string) (string, int, error) {
+	st, err := cl.Status(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	if node == "" || node == st.NodeName {
+		return st.Admin, st.Connections, nil
+	}
+	q, err := cl.Query(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	for _, n := range q.Nodes {
+		if n.Name == node {
+			return n.Admin, -1, nil
+		}
+	}
+	return "", 0, fmt.Errorf("node %s is not registered", node)
+}

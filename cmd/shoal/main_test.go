@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/filter"
+)
+
+// run runs the CLI with args and returns its output and exit code.
+func run(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	app := newApp()
+	var out bytes.Buffer
+	app.Writer, app.ErrWriter = &out, &out
+	err := app.RunContext(context.Background(), append([]string{"shoal"}, args...))
+	if err != nil {
+		out.WriteString(err.Error())
+		return out.String(), exitCode(err)
+	}
+	return out.String(), 0
+}
+
+func TestEveryCommandIsDocumented(t *testing.T) {
+	var check func(prefix string, cmds []*cli.Command)
+	check = func(prefix string, cmds []*cli.Command) {
+		for _, c := range cmds {
+			if c.Usage == "" || c.Description == "" {
+				t.Errorf("command %q lacks Usage or Description", prefix+c.Name)
+			}
+			check(prefix+c.Name+" ", c.Subcommands)
+		}
+	}
+	check("", newApp().Commands)
+}
+
+func TestIP2MAC(t *testing.T) {
+	out, code := run(t, "ip2mac", "198.18.7.100")
+	if code != 0 || !strings.Contains(out, "03:bf:c6:12:07:64") || !strings.Contains(out, "arp 198.18.7.100 03bf.c612.0764 ARPA") {
+		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+	if _, code := run(t, "ip2mac", "nonsense"); code != exitUsage {
+		t.Errorf("bad address: exit %d, want %d", code, exitUsage)
+	}
+	if _, code := run(t, "ip2mac"); code != exitUsage {
+		t.Errorf("no address: exit %d, want %d", code, exitUsage)
+	}
+}
+
+func TestKeygen(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "cluster.key")
+	if out, code := run(t, "keygen", p); code != 0 {
+		t.Fatalf("keygen: exit %d: %s", code, out)
+	}
+	st, err := os.Stat(p)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode %v, err %v", st.Mode(), err)
+	}
+	if k, err := agent.ReadKey(p); err != nil || len(k) != 32 {
+		t.Errorf("the agent cannot read the key: %v", err)
+	}
+	if _, code := run(t, "keygen", p); code == 0 {
+		t.Error("keygen overwrote an existing key")
+	}
+}
+
+func TestAgentDownExitCode(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	out, code := run(t, "--socket", sock, "status")
+	if code != exitAgentDown || !strings.Contains(out, "no shoal agent is running") {
+		t.Errorf("exit %d, output %q; want %d and a clear message", code, out, exitAgentDown)
+	}
+}
+
+func TestAgentCheckRejectsBadConfig(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(p, []byte("node_name: n1\ninterface: eth0\nvips: [198.18.7.100]\n"), 0o600)
+	out, code := run(t, "agent", "--config", p, "--check")
+	if code != exitUsage || !strings.Contains(out, "data_dir") || !strings.Contains(out, "heartbeat_addr") {
+		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+}
+
+// fakeAgent serves canned control API answers on a Unix socket and records
+// the requests it gets.
+type fakeAgent struct {
+	mu       sync.Mutex
+	requests []string
+	status   agent.Status
+}
+
+func startFake(t *testing.T, f *fakeAgent) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "shoal.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		var body bytes.Buffer
+		body.ReadFrom(r.Body)
+		f.mu.Lock()
+		f.requests = append(f.requests, r.Method+" "+r.URL.Path+" "+strings.TrimSpace(body.String()))
+		st := f.status
+		f.mu.Unlock()
+		switch r.URL.Path {
+		case "/v1/status":
+			json.NewEncoder(w).Encode(st)
+		case "/v1/admin":
+			var req agent.AdminRequest
+			json.Unmarshal(body.Bytes(), &req)
+			if req.State == "bogus" {
+				w.WriteHeader(http.StatusBadRequest)
+				json.NewEncoder(w).Encode(agent.APIError{Error: "admin state \"bogus\": want started"})
+				return
+			}
+			f.mu.Lock()
+			if req.State == "draining" {
+				f.status.Admin, f.status.Connections = "draining", 2
+			}
+			f.mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	})
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return sock
+}
+
+func TestStatusJSON(t *testing.T) {
+	f := &fakeAgent{status: agent.Status{NodeID: 2, NodeName: "node2", Admin: "started", Healthy: true, Converged: true,
+		Accepting: map[filter.RuleID]int{1: 1365}}}
+	sock := startFake(t, f)
+	out, code := run(t, "--socket", sock, "status", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	var got agent.Status
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("status --json is not JSON: %v\n%s", err, out)
+	}
+	if diff := cmp.Diff(f.status, got); diff != "" {
+		t.Errorf("status --json (-want +got):\n%s", diff)
+	}
+	out, _ = run(t, "--socket", sock, "status")
+	if !strings.Contains(out, "node node2 (id 2): started, healthy") || !strings.Contains(out, "1365") {
+		t.Errorf("status text:\n%s", out)
+	}
+}
+
+func TestDrainstopTimeout(t *testing.T) {
+	f := &fakeAgent{status: agent.Status{NodeName: "node1", Admin: "started"}}
+	sock := startFake(t, f)
+	out, code := run(t, "--socket", sock, "drainstop", "--timeout", "300ms")
+	if code != exitTimeout || !strings.Contains(out, "2 connections cut") {
+		t.Errorf("exit %d, output:\n%s\nwant exit %d and the cut connections counted", code, out, exitTimeout)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	last := f.requests[len(f.requests)-1]
+	if !strings.Contains(last, "/v1/admin") || !strings.Contains(last, `"stopped"`) {
+		t.Errorf("after the timeout the node was not stopped; last request %q", last)
+	}
+}
+
+func TestDrainstopFinishes(t *testing.T) {
+	f := &fakeAgent{status: agent.Status{NodeName: "node1", Admin: "started"}}
+	sock := startFake(t, f)
+	go func() {
+		// The agent finishes the drain a little later.
+		for {
+			f.mu.Lock()
+			n := len(f.requests)
+			if n >= 4 {
+				f.status.Admin, f.status.Connections = "stopped", 0
+				f.mu.Unlock()
+				return
+			}
+			f.mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	out, code := run(t, "--socket", sock, "drainstop", "--timeout", "10s")
+	if code != 0 || !strings.Contains(out, "stopped after") {
+		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+}
+
+func TestAPIErrorsReachTheUser(t *testing.T) {
+	sock := startFake(t, &fakeAgent{})
+	out, code := run(t, "--socket", sock, "start", "extra")
+	if code != exitUsage {
+		t.Errorf("start with an argument: exit %d (%s), want usage", code, out)
+	}
+	out, code = run(t, "--socket", sock, "weight", "set", "1", "node1")
+	if code != exitUsage || !strings.Contains(out, "want <rule> <node>") {
+		t.Errorf("weight set with two args: exit %d: %s", code, out)
+	}
+	out, code = run(t, "--socket", sock, "enable", "198.18.7.100:80", "--node", "a", "--all-nodes")
+	if code != exitUsage {
+		t.Errorf("--node with --all-nodes: exit %d: %s", code, out)
+	}
+}
