@@ -20,6 +20,7 @@ const (
 	AdminSuspended
 )
 
+// String returns the state's name as the CLI prints it.
 func (a AdminState) String() string {
 	switch a {
 	case AdminStarted:

@@ -125,6 +125,7 @@ type signingTransport struct {
 	now  func() time.Time
 }
 
+// RoundTrip implements http.RoundTripper.
 func (t *signingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context()) // a RoundTripper must not modify the caller's request
 	if err := SignRequest(req, t.key, t.now()); err != nil {
