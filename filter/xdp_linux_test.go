@@ -97,6 +97,11 @@ func TestDifferential(t *testing.T) {
 	failures := 0
 	for set := 0; set < tableSets; set++ {
 		g := &gen{rng: rng, conn: conn, listener: listener, vips: []netip.Addr{vip0}}
+		if rng.IntN(2) == 0 {
+			// A VIP sharing vip0's last octet: the program's VIP
+			// directory groups VIPs by it.
+			g.vips = append(g.vips, netip.MustParseAddr("198.18.2.1"))
+		}
 		for n := rng.IntN(4); n > 0; n-- {
 			g.vips = append(g.vips, netip.AddrFrom4([4]byte{198, 18, 1, byte(rng.IntN(256))}))
 		}
