@@ -52,6 +52,12 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	st.Created = time.Now()
 	l = &Lab{State: *st, log: o.Log.With("lab", st.ID), ctl: Ctl{Binary: o.Binary}, waits: map[int]chan struct{}{}}
 	defer func() {
+		if err != nil && o.KeepOnFailure {
+			l.log.Warn("lab up failed; left in place for its logs", "dir", l.Dir, "err", err)
+			err = fmt.Errorf("%w (lab %s left in place: shoal lab down %s)", err, l.ID, l.ID)
+			l = nil
+			return
+		}
 		if err != nil {
 			l.log.Warn("lab up failed, removing it", "err", err)
 			if derr := l.Down(context.Background()); derr != nil {

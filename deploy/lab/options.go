@@ -16,6 +16,9 @@ type Options struct {
 	Period time.Duration // agents' heartbeat period; the agent's default if zero
 	// NoAgents builds the network only: no agent, no HTTP server, no rule.
 	NoAgents bool
+	// KeepOnFailure leaves a lab that failed to come up in place (for its
+	// logs); remove it with Down.
+	KeepOnFailure bool
 	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger // discards if nil
