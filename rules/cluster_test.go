@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/raft"
 
 	"github.com/shoalnet/shoal/filter"
 )
@@ -483,4 +484,26 @@ func TestSubscribeNotifiesEachChange(t *testing.T) {
 		t.Error("notified after stop")
 	default:
 	}
+}
+
+// TestInterruptedBootstrapFinishes covers an agent that died after making
+// its one-node cluster but before initialising it: started again with the
+// bootstrap flag, it finishes the job.
+func TestInterruptedBootstrapFinishes(t *testing.T) {
+	n := newTestNode(t, "n1")
+	n.start(false)
+	self := raft.Server{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(n.raftAddr)}
+	if err := n.store.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	n.stop()
+	n.start(true)
+	poll(t, 10*time.Second, "the bootstrap is finished", func() error {
+		s := n.store.State()
+		if s.Settings.ClusterID == 0 || s.NodeByName("n1") == nil {
+			return fmt.Errorf("cluster id %x, nodes %+v", s.Settings.ClusterID, s.Nodes)
+		}
+		return nil
+	})
+	mustApply(t, n, &PutVIP{VIP: vip1})
 }

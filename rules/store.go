@@ -91,6 +91,7 @@ type Store struct {
 	subs   map[int]chan struct{}
 	nextID int
 
+	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -114,7 +115,7 @@ func Open(cfg StoreConfig) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, client: NewPeerClient(cfg.Key), subs: map[int]chan struct{}{}}
+	s := &Store{cfg: cfg, log: cfg.Logger, client: NewPeerClient(cfg.Key), subs: map[int]chan struct{}{}, closed: make(chan struct{})}
 	s.fsm = newFSM(s.broadcast)
 	if err := s.open(); err != nil {
 		s.Close()
@@ -181,10 +182,50 @@ func (s *Store) open() error {
 		return fmt.Errorf("start raft: %w", err)
 	}
 	s.raft = r
-	if existing || !cfg.Bootstrap {
+	switch {
+	case !cfg.Bootstrap:
+		return nil
+	case existing:
+		// An earlier bootstrap may have stopped between making the cluster
+		// and initialising it; finish that once this node leads.
+		go s.finishBootstrap()
 		return nil
 	}
 	return s.bootstrap()
+}
+
+// finishBootstrap initialises the cluster and registers this node if a
+// bootstrap was cut short, when this node leads a cluster of itself alone.
+// It gives up after a minute or when the store closes.
+func (s *Store) finishBootstrap() {
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-deadline:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		st := s.fsm.current()
+		if st.Settings.ClusterID != 0 && st.NodeByName(s.cfg.NodeName) != nil {
+			return
+		}
+		if !s.IsLeader() {
+			continue
+		}
+		members, err := s.Members()
+		if err != nil || len(members) != 1 {
+			return // others joined, so the bootstrap had finished
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ApplyTimeout)
+		err = s.initAndRegister(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		s.log.Warn("finish interrupted bootstrap", "err", err)
+	}
 }
 
 // bootstrap makes a one-node cluster, then initialises it with random ids
@@ -205,6 +246,18 @@ func (s *Store) bootstrap() error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	return s.initAndRegister(ctx)
+}
+
+// initAndRegister proposes the cluster's random ids and registers this
+// node, each unless already done.
+func (s *Store) initAndRegister(ctx context.Context) error {
+	if err := s.leaderReady(ctx); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if s.fsm.current().Settings.ClusterID != 0 {
+		return s.registerSelf(ctx)
+	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
@@ -219,10 +272,17 @@ func (s *Store) bootstrap() error {
 	if _, err := s.Apply(ctx, init); err != nil {
 		return fmt.Errorf("bootstrap: initialise cluster: %w", err)
 	}
+	s.log.Info("bootstrapped rules cluster", "node", s.cfg.NodeName, "cluster_id", fmt.Sprintf("%08x", clusterID))
+	return s.registerSelf(ctx)
+}
+
+func (s *Store) registerSelf(ctx context.Context) error {
+	if s.fsm.current().NodeByName(s.cfg.NodeName) != nil {
+		return nil
+	}
 	if _, err := s.Apply(ctx, &RegisterNode{Info: s.selfInfo(NodeInfo{})}); err != nil {
 		return fmt.Errorf("bootstrap: register %s: %w", s.cfg.NodeName, err)
 	}
-	s.log.Info("bootstrapped rules cluster", "node", s.cfg.NodeName, "cluster_id", fmt.Sprintf("%08x", clusterID))
 	return nil
 }
 
@@ -686,6 +746,7 @@ func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID) (Result, e
 // stays readable.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		close(s.closed)
 		var errs []error
 		if s.raft != nil {
 			errs = append(errs, s.raft.Shutdown().Error())
