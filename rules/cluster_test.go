@@ -507,3 +507,46 @@ func TestInterruptedBootstrapFinishes(t *testing.T) {
 	})
 	mustApply(t, n, &PutVIP{VIP: vip1})
 }
+
+// TestSnapshotsThroughRaft takes real snapshots (file store) and compacts
+// the log, so a restarted node restores from its snapshot and a follower
+// that fell behind the compacted log is caught up with InstallSnapshot.
+func TestSnapshotsThroughRaft(t *testing.T) {
+	raftConfigHook = func(c *raft.Config) { c.TrailingLogs = 2 }
+	t.Cleanup(func() { raftConfigHook = nil })
+	nodes := newCluster(t, 3)
+	leader, followers := leaderOf(t, nodes)
+	behind := followers[0]
+	behind.stop()
+	mustApply(t, leader, &PutVIP{VIP: vip1})
+	for p := uint16(1); p <= 30; p++ {
+		mustApply(t, followers[1], putRule(p))
+	}
+	mustApply(t, leader, &SetWeight{Rule: 7, Node: 2, Weight: 3})
+	for _, n := range []*testNode{leader, followers[1]} {
+		if err := n.store.raft.Snapshot().Error(); err != nil {
+			t.Fatalf("%s: snapshot: %v", n.name, err)
+		}
+	}
+	mustApply(t, leader, putRule(31)) // one entry after the snapshot
+	if first, err := leader.store.bolt.FirstIndex(); err != nil || first <= 3 {
+		t.Fatalf("leader's log starts at %d (%v); the snapshot did not compact it", first, err)
+	}
+	behind.start(false)
+	want := waitConverged(t, nodes)
+	if len(want.Rules) != 31 || want.Node(2).NodeRule(7).Weight != 3 {
+		t.Fatalf("converged state has %d rules, weight %d; want 31 and 3", len(want.Rules), want.Node(2).NodeRule(7).Weight)
+	}
+	// A restart restores from the snapshot and replays the entry after it.
+	followers[1].stop()
+	followers[1].start(false)
+	poll(t, 10*time.Second, followers[1].name+" restores", func() error {
+		if got := followers[1].store.State(); got.Index < want.Index {
+			return fmt.Errorf("index %d, want %d", got.Index, want.Index)
+		}
+		return nil
+	})
+	if diff := cmp.Diff(want, followers[1].store.State(), stateOpts); diff != "" {
+		t.Errorf("state after restoring from a snapshot (-want +got):\n%s", diff)
+	}
+}

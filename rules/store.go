@@ -74,6 +74,9 @@ type StoreConfig struct {
 	NoSync bool
 }
 
+// raftConfigHook lets tests change the raft config (snapshot thresholds).
+var raftConfigHook func(*raft.Config)
+
 // Store is one node's replica of the rules: a Raft node, its storage, and
 // the client side of the peer API.
 type Store struct {
@@ -170,6 +173,9 @@ func (s *Store) open() error {
 	rc.LeaderLeaseTimeout = cfg.Timing.LeaderLeaseTimeout
 	rc.CommitTimeout = cfg.Timing.CommitTimeout
 	rc.Logger = hl
+	if raftConfigHook != nil {
+		raftConfigHook(rc)
+	}
 	if err := raft.ValidateConfig(rc); err != nil {
 		return fmt.Errorf("raft config: %w", err)
 	}
