@@ -2,6 +2,7 @@ package rules
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -548,5 +549,31 @@ func TestSnapshotsThroughRaft(t *testing.T) {
 	})
 	if diff := cmp.Diff(want, followers[1].store.State(), stateOpts); diff != "" {
 		t.Errorf("state after restoring from a snapshot (-want +got):\n%s", diff)
+	}
+}
+
+func TestPeerStateEndpoint(t *testing.T) {
+	nodes := newCluster(t, 1)
+	mustApply(t, nodes[0], &PutVIP{VIP: vip1})
+	url := "http://" + nodes[0].apiAddr + PeerPathPrefix + "state"
+	resp, err := NewPeerClient(testKey).Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got State
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET state: %s, %v", resp.Status, err)
+	}
+	if diff := cmp.Diff(nodes[0].store.State(), &got, stateOpts); diff != "" {
+		t.Errorf("peer state (-local +peer):\n%s", diff)
+	}
+	resp2, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusUnauthorized {
+		t.Errorf("unsigned GET state: %s, want 401", resp2.Status)
 	}
 }
