@@ -22,6 +22,7 @@ var labBaseFlag = &cli.StringFlag{Name: "base", Value: lab.DefaultBase, Hidden: 
 var labBuildFlags = []cli.Flag{
 	&cli.IntFlag{Name: "nodes", Value: 3, Usage: "number of node namespaces"},
 	&cli.DurationFlag{Name: "period", Usage: "heartbeat period of the agents (default: the agent's)"},
+	&cli.BoolFlag{Name: "parallel-start", Hidden: true, Usage: "start every agent at once (default: one after the other)"},
 	&cli.BoolFlag{Name: "keep-failed", Hidden: true, Usage: "leave a lab that failed to come up in place, for its logs"},
 	&cli.StringFlag{Name: "binary", Hidden: true, Usage: "the shoal binary the namespaces run (default: this one)"},
 	labBaseFlag,
@@ -236,6 +237,7 @@ func labOptions(c *cli.Context) lab.Options {
 		Log:    cliLogger(c),
 
 		KeepOnFailure: c.Bool("keep-failed"),
+		ParallelStart: c.Bool("parallel-start"),
 	}
 }
 

@@ -78,7 +78,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if o.NoAgents {
 		return l, nil
 	}
-	if err := l.startCluster(ctx, o.Period); err != nil {
+	if err := l.startCluster(ctx, o.Period, o.ParallelStart, o.ReadyTimeout); err != nil {
 		return l, err
 	}
 	if err := l.waitReady(ctx, o.ReadyTimeout); err != nil {
@@ -203,8 +203,9 @@ func (l *Lab) network(ctx context.Context) error {
 }
 
 // startCluster writes the key and the configs and starts every agent and
-// HTTP server.
-func (l *Lab) startCluster(ctx context.Context, period time.Duration) error {
+// HTTP server: one node after the other, each once the previous ones have
+// converged, unless parallel.
+func (l *Lab) startCluster(ctx context.Context, period time.Duration, parallel bool, timeout time.Duration) error {
 	var key [32]byte
 	if _, err := rand.Read(key[:]); err != nil {
 		return err
@@ -224,7 +225,7 @@ func (l *Lab) startCluster(ctx context.Context, period time.Duration) error {
 			return fmt.Errorf("lab: agent config: %w", err)
 		}
 	}
-	for _, n := range l.Nodes {
+	for i, n := range l.Nodes {
 		if _, err := l.Start(n.Name, "agent", "agent", "--config", n.Config); err != nil {
 			return err
 		}
@@ -232,7 +233,33 @@ func (l *Lab) startCluster(ctx context.Context, period time.Duration) error {
 			"--listen", fmt.Sprintf("%s:%d", l.VIP, HTTPPort)); err != nil {
 			return err
 		}
+		if parallel || i == len(l.Nodes)-1 {
+			continue // waitReady waits for the whole cluster
+		}
+		// One node at a time, as an operator adds them: each joins a cluster
+		// that has converged.
+		if err := l.waitConverged(ctx, l.Nodes[:i+1], timeout); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// waitConverged waits until nodes have converged on a view of them all.
+func (l *Lab) waitConverged(ctx context.Context, nodes []Host, timeout time.Duration) error {
+	if err := poll(ctx, timeout, 50*time.Millisecond, func() error {
+		if err := l.agentsAlive(); err != nil {
+			return err
+		}
+		st, err := l.Statuses(ctx, nodes)
+		if err != nil {
+			return err
+		}
+		return Ready(st, len(nodes))
+	}); err != nil {
+		return fmt.Errorf("lab: %d nodes did not converge: %w", len(nodes), err)
+	}
+	l.log.Info("converged", "nodes", len(nodes))
 	return nil
 }
 
@@ -319,20 +346,9 @@ func poll(ctx context.Context, timeout, interval time.Duration, check func() err
 // waitReady waits for convergence, adds the default rule through node1 and
 // waits for every node to apply it and cover its buckets.
 func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
-	var st []NodeStatus
-	if err := poll(ctx, timeout, 100*time.Millisecond, func() error {
-		if err := l.agentsAlive(); err != nil {
-			return err
-		}
-		var err error
-		if st, err = l.Statuses(ctx, l.Nodes); err != nil {
-			return err
-		}
-		return Ready(st, len(l.Nodes))
-	}); err != nil {
-		return fmt.Errorf("lab: cluster did not converge: %w", err)
+	if err := l.waitConverged(ctx, l.Nodes, timeout); err != nil {
+		return err
 	}
-	l.log.Info("cluster converged", "nodes", len(l.Nodes))
 	if err := l.ctl.AddRule(ctx, l.Nodes[0].Socket, l.VIP.String(), HTTPPort); err != nil {
 		return fmt.Errorf("lab: add the default rule: %w", err)
 	}

@@ -16,6 +16,9 @@ type Options struct {
 	Period time.Duration // agents' heartbeat period; the agent's default if zero
 	// NoAgents builds the network only: no agent, no HTTP server, no rule.
 	NoAgents bool
+	// ParallelStart starts every agent at once instead of one after the
+	// other, each once the cluster before it has converged.
+	ParallelStart bool
 	// KeepOnFailure leaves a lab that failed to come up in place (for its
 	// logs); remove it with Down.
 	KeepOnFailure bool
