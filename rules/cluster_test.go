@@ -39,6 +39,7 @@ type testNode struct {
 	key      []byte
 	timing   Timing
 	noSync   bool
+	lastID   filter.NodeID // the id the node had when it stopped
 	store    *Store
 	srv      *http.Server
 }
@@ -82,10 +83,22 @@ func (n *testNode) start(bootstrap bool) {
 	n.t.Cleanup(n.stop)
 }
 
+// stoppedID returns the node's id from the registry as it last saw it.
+func (n *testNode) stoppedID(t testing.TB) filter.NodeID {
+	t.Helper()
+	if n.lastID == 0 {
+		t.Fatalf("%s has no recorded id", n.name)
+	}
+	return n.lastID
+}
+
 // stop kills the node: raft, storage and peer API. Its state dir stays.
 func (n *testNode) stop() {
 	if n.store == nil {
 		return
+	}
+	if me := n.store.State().NodeByName(n.name); me != nil {
+		n.lastID = me.ID
 	}
 	n.srv.Close()
 	if err := n.store.Close(); err != nil {
@@ -401,6 +414,26 @@ func TestJoinBeyondFiveVotersAddsNonvoters(t *testing.T) {
 	}
 	mustApply(t, nodes[5], &PutVIP{VIP: vip1}) // a non-voter forwards writes too
 	waitConverged(t, nodes)
+
+	// Removing a voter promotes the non-voter.
+	_, followers := leaderOf(t, nodes)
+	gone := followers[0]
+	gone.stop()
+	if err := nodes[5].store.RemoveNode(testCtx(t, 10*time.Second), gone.stoppedID(t)); err != nil {
+		t.Fatalf("remove %s: %v", gone.name, err)
+	}
+	poll(t, 10*time.Second, "n6 becomes a voter", func() error {
+		ms, err := nodes[5].store.Members()
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if m.Name == "n6" && m.Voter && len(ms) == 5 {
+				return nil
+			}
+		}
+		return fmt.Errorf("members %+v", ms)
+	})
 }
 
 func TestJoinWithWrongKeyRefused(t *testing.T) {

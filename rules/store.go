@@ -745,7 +745,41 @@ func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID) (Result, e
 	if err := removeServer(); err != nil {
 		return Result{}, err
 	}
-	return s.applyLocal(ctx, data)
+	res, err := s.applyLocal(ctx, data)
+	if err != nil {
+		return res, err
+	}
+	if err := s.promoteNonvoter(ctx); err != nil {
+		s.log.Warn("promote a non-voter after a removal", "err", err)
+	}
+	return res, nil
+}
+
+// promoteNonvoter makes a non-voter a voter while there are fewer than
+// MaxVoters, so removing a voter does not leave the cluster weaker than it
+// could be. The first non-voter in the configuration goes first.
+func (s *Store) promoteNonvoter(ctx context.Context) error {
+	cf := s.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return err
+	}
+	voters := 0
+	var candidate *raft.Server
+	for _, srv := range cf.Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			voters++
+		} else if candidate == nil && srv.Suffrage == raft.Nonvoter {
+			candidate = &srv
+		}
+	}
+	if voters >= MaxVoters || candidate == nil {
+		return nil
+	}
+	if err := waitFuture(ctx, s.raft.AddVoter(candidate.ID, candidate.Address, 0, 0)); err != nil {
+		return fmt.Errorf("promote %s: %w", candidate.ID, err)
+	}
+	s.log.Info("promoted non-voter", "node", candidate.ID)
+	return nil
 }
 
 // Close stops Raft and closes the transport and storage. The local state
