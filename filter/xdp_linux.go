@@ -205,9 +205,15 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 			return fmt.Errorf("update xdp buckets of rule %d: %w", id, err)
 		}
 	}
+	var every [2]*[65536]uint8 // ports of the every-VIP rules, by protocol
+	for pi, p := range []Protocol{ProtoTCP, ProtoUDP} {
+		every[pi] = new([65536]uint8)
+		fillPorts(every[pi], c, netip.Addr{}, p, slots)
+	}
 	pt := new(shoalPortTable)
 	for i, v := range c.VIPs {
 		for pi, p := range []Protocol{ProtoTCP, ProtoUDP} {
+			pt.Slot = *every[pi]
 			fillPorts(&pt.Slot, c, v, p, slots)
 			key := (next*MaxVIPs+uint32(i))*2 + uint32(pi)
 			if err := x.objs.Ports.Update(key, pt, ebpf.UpdateAny); err != nil {
@@ -302,21 +308,21 @@ func pickSlot(inNew, inOld *[maxSlots]bool, avoidOld bool) uint32 {
 	return 0 // cannot happen: Update checked the rule count
 }
 
-// fillPorts writes the slot of the rule Config.Lookup picks for every port
-// of vip and p: rules for that VIP beat rules for every VIP, and within
-// each group the first rule in order wins (so they are written last).
+// fillPorts writes into tbl, for every port, the slot of the rule of group
+// (the rules for every VIP when vip is the zero Addr, else the rules for
+// vip) that covers the port on protocol p, leaving other ports alone.
+// Within a group the first rule in order wins, as in Config.Lookup, so
+// rules are written last to first. Filling a table with the every-VIP
+// group and then one VIP's group gives Config.Lookup's answer for that VIP.
 func fillPorts(tbl *[65536]uint8, c *Config, vip netip.Addr, p Protocol, slots map[RuleID]uint32) {
-	clear(tbl[:])
-	for _, specific := range []bool{false, true} {
-		for i := len(c.Rules) - 1; i >= 0; i-- {
-			r := &c.Rules[i]
-			if r.VIP.IsValid() != specific || (specific && r.VIP != vip) || r.Proto&p == 0 {
-				continue
-			}
-			s := uint8(slots[r.ID])
-			for port := int(r.PortLo); port <= int(r.PortHi); port++ {
-				tbl[port] = s
-			}
+	for i := len(c.Rules) - 1; i >= 0; i-- {
+		r := &c.Rules[i]
+		if r.VIP != vip || r.Proto&p == 0 {
+			continue
+		}
+		s := uint8(slots[r.ID])
+		for port := int(r.PortLo); port <= int(r.PortHi); port++ {
+			tbl[port] = s
 		}
 	}
 }
