@@ -466,6 +466,9 @@ func leaderDo[T any](ctx context.Context, s *Store, local func(context.Context) 
 	for {
 		if s.raft.State() == raft.Leader {
 			v, err := local(ctx)
+			if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+				return zero, s.noQuorum(err) // proposed, but no majority answered in time
+			}
 			if !errors.Is(err, errNotLeader) {
 				return v, err
 			}
