@@ -1,0 +1,176 @@
+package heartbeat
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func sampleMessage() *Message {
+	big := make([]uint16, 0, 1000)
+	for k := uint16(0); k < 2000; k += 2 {
+		big = append(big, k)
+	}
+	return &Message{
+		ClusterID: 42, Node: 3, Incarnation: 1_700_000_000_000_000_000, Seq: 99,
+		Admin: Draining, Healthy: true, Settled: true, RulesIndex: 1234,
+		View:     View{Eligible: []uint32{1, 3, 9}, RulesIndex: 1234, Seed: 0xdeadbeef},
+		Draining: Buckets{1: {0, 5, 4095}, 7: big},
+		Counters: Counters{Accepted: 1, Dropped: 2, Connections: 3},
+	}
+}
+
+func TestCodecRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		msg  *Message
+	}{
+		{"full", sampleMessage()},
+		{"empty view and draining", &Message{ClusterID: 42, Node: 1, Incarnation: 1, Seq: 1}},
+		{"all flags off", &Message{ClusterID: 42, Node: 65535, Admin: Suspended, View: View{Eligible: []uint32{65535}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := Encode(tt.msg, simKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Decode(b, simKey, 42)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.msg, got); diff != "" {
+				t.Errorf("round trip (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestDrainingForm checks the compact form: a list while it is smaller
+// than the 512-byte bitmap, the bitmap past that.
+func TestDrainingForm(t *testing.T) {
+	for _, n := range []int{1, 255, 256, 4096} {
+		l := make([]uint16, n)
+		for i := range l {
+			l[i] = uint16(i)
+		}
+		b, err := Encode(&Message{ClusterID: 1, Node: 1, Draining: Buckets{5: l}}, simKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := minSize + 5 + min(2+2*n, 512)
+		if len(b) != want {
+			t.Errorf("%d buckets: %d bytes, want %d", n, len(b), want)
+		}
+		got, err := Decode(b, simKey, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(l, got.Draining[5]); diff != "" {
+			t.Errorf("%d buckets (-want +got):\n%s", n, diff)
+		}
+	}
+}
+
+// resign recomputes the HMAC after a test edits the body.
+func resign(b []byte) []byte {
+	body := b[:len(b)-macSize]
+	out, _ := hmacAppend(append([]byte(nil), body...))
+	return out
+}
+
+func TestDecodeRejects(t *testing.T) {
+	good, err := Encode(sampleMessage(), simKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
+	viewCount := headerSize + 20 // offset of the view's node count
+	tests := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"empty", nil, ErrTruncated},
+		{"short", good[:minSize-1], ErrTruncated},
+		{"oversized", make([]byte, MaxMessageSize+1), ErrOversized},
+		{"version", edit(func(b []byte) []byte { b[0] = 2; return b }), ErrBadVersion},
+		{"foreign cluster", edit(func(b []byte) []byte { b[7] ^= 1; return b }), ErrForeignCluster},
+		{"wrong key", func() []byte { b, _ := Encode(sampleMessage(), bytes.Repeat([]byte{1}, 32)); return b }(), ErrBadMAC},
+		{"flipped body bit", edit(func(b []byte) []byte { b[20] ^= 1; return b }), ErrBadMAC},
+		{"cut tag", good[:len(good)-1], ErrBadMAC},
+		{"unknown flag", edit(func(b []byte) []byte { b[1] |= 0x80; return resign(b) }), ErrMalformed},
+		{"admin state", edit(func(b []byte) []byte { b[2] = 9; return resign(b) }), ErrMalformed},
+		{"node 0", edit(func(b []byte) []byte { binary.BigEndian.PutUint32(b[8:], 0); return resign(b) }), ErrMalformed},
+		{"digest", edit(func(b []byte) []byte { b[headerSize+12] ^= 1; return resign(b) }), ErrMalformed},
+		{"view count past end", edit(func(b []byte) []byte { binary.BigEndian.PutUint16(b[viewCount:], 60000); return resign(b) }), ErrMalformed},
+		{"trailing byte", edit(func(b []byte) []byte { return resign(append(b[:len(b)-macSize], 0, 0)) }), ErrMalformed},
+	}
+	reasons := map[Reason]bool{}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode(tt.in, simKey, 42)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Decode = %v, want %v", err, tt.want)
+			}
+			reasons[ReasonOf(err)] = true
+		})
+	}
+	for r := range ReasonStale {
+		if !reasons[r] {
+			t.Errorf("no case rejects with reason %v", r)
+		}
+	}
+}
+
+func TestEncodeRefuses(t *testing.T) {
+	tests := []struct {
+		name string
+		msg  *Message
+	}{
+		{"unsorted draining", &Message{Node: 1, Draining: Buckets{1: {5, 4}}}},
+		{"bucket out of range", &Message{Node: 1, Draining: Buckets{1: {4096}}}},
+		{"too many rules", func() *Message {
+			d := Buckets{}
+			for i := range 200 {
+				d[uint32(i)] = make4096()
+			}
+			return &Message{Node: 1, Draining: d}
+		}()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := Encode(tt.msg, simKey); err == nil {
+				t.Error("Encode succeeded")
+			}
+		})
+	}
+}
+
+func make4096() []uint16 {
+	l := make([]uint16, NumBuckets)
+	for i := range l {
+		l[i] = uint16(i)
+	}
+	return l
+}
+
+func TestReasonNames(t *testing.T) {
+	for r := range NumReasons {
+		if ReasonOf(reasonErrs[r]) != r || r.String() == "" {
+			t.Errorf("reason %d: ReasonOf = %v, name %q", r, ReasonOf(reasonErrs[r]), r.String())
+		}
+	}
+}
+
+// hmacAppend appends the HMAC of body under simKey.
+func hmacAppend(body []byte) ([]byte, error) {
+	mac := hmac.New(sha256.New, simKey)
+	mac.Write(body)
+	return mac.Sum(body), nil
+}

@@ -1,0 +1,455 @@
+package heartbeat
+
+import (
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+)
+
+// This file is a deterministic cluster simulator: N nodes running the real
+// Machine and the real filter.Assign, a virtual clock, and a network with
+// per-link loss, delay, jitter, full and one-way partitions.
+
+var simEpoch = time.Unix(1_000_000_000, 0)
+
+var simKey = []byte("0123456789abcdef0123456789abcdef")
+
+// simConfig is a filter config with n nodes and two multiple-host rules
+// (plus the implicit default rule).
+func simConfig(n int) *filter.Config {
+	c := &filter.Config{Seed: 0x5eed, VIPs: []netip.Addr{netip.MustParseAddr("198.18.0.100")}}
+	c.Rules = []filter.Rule{
+		{ID: 1, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP, Mode: filter.ModeMultiple, Affinity: filter.AffinityNone},
+		{ID: 2, PortLo: 443, PortHi: 443, Proto: filter.ProtoTCP, Mode: filter.ModeMultiple, Affinity: filter.AffinitySingle},
+	}
+	for i := range n {
+		c.Nodes = append(c.Nodes, filter.Node{ID: filter.NodeID(i + 1), HostPriority: i + 1})
+	}
+	return c
+}
+
+// assignCache memoises filter.Assign per (cluster size, eligible set): every
+// node of every run with the same view shares one table.
+var assignCache sync.Map
+
+func assignFor(c *filter.Config, v View) *filter.Owners {
+	var sb strings.Builder
+	fmt.Fprint(&sb, len(c.Nodes), ":", v.Seed, ":")
+	for _, id := range v.Eligible {
+		fmt.Fprint(&sb, id, ",")
+	}
+	key := sb.String()
+	if o, ok := assignCache.Load(key); ok {
+		return o.(*filter.Owners)
+	}
+	ids := make([]filter.NodeID, len(v.Eligible))
+	for i, id := range v.Eligible {
+		ids[i] = filter.NodeID(id)
+	}
+	o := filter.Assign(c, ids)
+	assignCache.Store(key, o)
+	return o
+}
+
+func ownedFunc(c *filter.Config, me uint32) func(View) filter.Set {
+	return func(v View) filter.Set { return assignFor(c, v).Owned(filter.NodeID(me)) }
+}
+
+func intersectSets(a, b filter.Set) filter.Set { return a.Intersect(b) }
+
+func overlaps(a, b filter.Set) bool {
+	for id, m := range a {
+		if o := b[id]; o != nil {
+			for i := range m {
+				if m[i]&o[i] != 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+type simEventKind uint8
+
+const (
+	evWake simEventKind = iota
+	evDeliver
+	evFunc
+)
+
+type simEvent struct {
+	at   time.Time
+	seq  int
+	kind simEventKind
+	node int // wake: node; deliver: receiver
+	from int
+	msg  *Message
+	wire []byte
+	fn   func()
+}
+
+type eventQueue []*simEvent
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if !q[i].at.Equal(q[j].at) {
+		return q[i].at.Before(q[j].at)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(*simEvent)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type simLink struct {
+	loss   float64
+	delay  time.Duration
+	jitter time.Duration
+	cut    bool
+}
+
+type simNode struct {
+	id         uint32
+	m          *Machine[filter.Set]
+	up         bool
+	wakeAt     time.Time
+	accept     filter.Set
+	boots      int
+	deaths     uint64 // peers declared dead, summed over this node's machines
+	excludedAt time.Time
+}
+
+// violation is two nodes, not cut off from each other, accepting new
+// connections in one bucket at the same instant.
+type violation struct {
+	at   time.Duration
+	a, b uint32
+}
+
+type sim struct {
+	t        testing.TB
+	cfg      Config
+	fcfg     *filter.Config
+	rng      *rand.Rand
+	now      time.Time
+	seq      int
+	q        eventQueue
+	nodes    []*simNode
+	links    [][]simLink // [from][to]
+	codec    bool
+	healWait [][]bool // [from][to]: to has not heard from since a full cut between them ended
+	viol     []violation
+	maxDelay time.Duration // largest one-way delay drawn
+	// onAccept, when set, is called after a node's accepting set changes.
+	onAccept func(n *simNode)
+}
+
+func newSim(t testing.TB, n int, cfg Config, seed uint64) *sim {
+	s := &sim{t: t, cfg: cfg.WithDefaults(), fcfg: simConfig(n), rng: rand.New(rand.NewPCG(seed, 0x5eed)), now: simEpoch, codec: n <= 8}
+	s.links = make([][]simLink, n)
+	s.healWait = make([][]bool, n)
+	for i := range n {
+		s.links[i] = make([]simLink, n)
+		s.healWait[i] = make([]bool, n)
+		for j := range n {
+			s.links[i][j] = simLink{delay: 100 * time.Microsecond, jitter: 50 * time.Microsecond}
+		}
+		s.nodes = append(s.nodes, &simNode{id: uint32(i + 1)})
+	}
+	return s
+}
+
+func (s *sim) elapsed() time.Duration { return s.now.Sub(simEpoch) }
+
+func (s *sim) push(e *simEvent) {
+	s.seq++
+	e.seq = s.seq
+	heap.Push(&s.q, e)
+}
+
+// at runs fn at simulated time simEpoch+d.
+func (s *sim) at(d time.Duration, fn func()) {
+	s.push(&simEvent{at: simEpoch.Add(d), kind: evFunc, fn: fn})
+}
+
+func (s *sim) peerIDs() []uint32 {
+	ids := make([]uint32, len(s.nodes))
+	for i := range ids {
+		ids[i] = uint32(i + 1)
+	}
+	return ids
+}
+
+// boot starts (or restarts) node i with a fresh incarnation.
+func (s *sim) boot(i int) {
+	n := s.nodes[i]
+	n.boots++
+	c := s.cfg
+	c.Self, c.Key = n.id, simKey
+	c.Incarnation = uint64(s.now.UnixNano())*16 + uint64(n.boots)
+	m, err := NewMachine(c, s.now, ownedFunc(s.fcfg, n.id), intersectSets)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m.SetPeers(s.now, s.peerIDs())
+	m.SetLocal(s.now, Local{Admin: Started, Healthy: true, RulesIndex: 7, Seed: s.fcfg.Seed})
+	n.m, n.up, n.accept, n.excludedAt = m, true, nil, time.Time{}
+	n.wakeAt = time.Time{}
+	s.schedule(i)
+}
+
+// crash stops node i: it sends and receives nothing more.
+func (s *sim) crash(i int) {
+	n := s.nodes[i]
+	if n.up {
+		n.deaths += n.m.Status().Deaths
+	}
+	n.up, n.m, n.accept = false, nil, nil
+}
+
+func (s *sim) schedule(i int) {
+	n := s.nodes[i]
+	w := n.m.Wake()
+	if w.Before(s.now) {
+		w = s.now
+	}
+	if n.wakeAt.IsZero() || w.Before(n.wakeAt) {
+		n.wakeAt = w
+		s.push(&simEvent{at: w, kind: evWake, node: i})
+	}
+}
+
+func (s *sim) send(i int, msg *Message) {
+	var wire []byte
+	if s.codec {
+		var err error
+		if wire, err = Encode(msg, simKey); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	for j := range s.nodes {
+		if j == i {
+			continue
+		}
+		l := s.links[i][j]
+		if l.cut || s.rng.Float64() < l.loss {
+			continue
+		}
+		d := l.delay
+		if l.jitter > 0 {
+			d += time.Duration(s.rng.Int64N(int64(l.jitter)))
+		}
+		s.maxDelay = max(s.maxDelay, d)
+		s.push(&simEvent{at: s.now.Add(d), kind: evDeliver, node: j, from: i, msg: msg, wire: wire})
+	}
+}
+
+// run processes events up to simulated time simEpoch+until.
+func (s *sim) run(until time.Duration) {
+	end := simEpoch.Add(until)
+	for len(s.q) > 0 && !s.q[0].at.After(end) {
+		e := heap.Pop(&s.q).(*simEvent)
+		s.now = e.at
+		switch e.kind {
+		case evFunc:
+			e.fn()
+		case evWake:
+			n := s.nodes[e.node]
+			if !n.up || !e.at.Equal(n.wakeAt) {
+				continue // stale
+			}
+			n.wakeAt = time.Time{}
+			n.m.Tick(s.now)
+			if !s.now.Before(n.m.NextSend()) {
+				s.send(e.node, n.m.Outgoing(s.now))
+			}
+			s.after(e.node)
+		case evDeliver:
+			n := s.nodes[e.node]
+			if !n.up || s.links[e.from][e.node].cut {
+				continue
+			}
+			msg := e.msg
+			if e.wire != nil {
+				var err error
+				if msg, err = Decode(e.wire, simKey, s.cfg.ClusterID); err != nil {
+					s.t.Fatalf("decode: %v", err)
+				}
+			}
+			if err := n.m.Receive(s.now, msg); err == nil && s.healWait[e.from][e.node] {
+				s.healWait[e.from][e.node] = false
+				if !s.healWait[e.node][e.from] {
+					s.checkPair(e.node, e.from)
+				}
+			}
+			s.after(e.node)
+		}
+	}
+	s.now = end
+}
+
+// after checks a node whose state may have changed and schedules its wake.
+func (s *sim) after(i int) {
+	n := s.nodes[i]
+	a := n.m.Accept()
+	if reflect.ValueOf(a).UnsafePointer() != reflect.ValueOf(n.accept).UnsafePointer() {
+		n.accept = a
+		if len(a) > 0 {
+			for j := range s.nodes {
+				s.checkPair(i, j)
+			}
+		}
+		if s.onAccept != nil {
+			s.onAccept(n)
+		}
+	}
+	s.schedule(i)
+}
+
+// cutOff reports whether i and j share no traffic: a full partition between
+// them, or one that ended before they heard each other again (the heal is
+// when both sides may still own the same buckets, by design).
+func (s *sim) cutOff(i, j int) bool {
+	return (s.links[i][j].cut && s.links[j][i].cut) || s.healWait[i][j] || s.healWait[j][i]
+}
+
+func (s *sim) checkPair(i, j int) {
+	a, b := s.nodes[i], s.nodes[j]
+	if i == j || !a.up || !b.up || s.cutOff(i, j) {
+		return
+	}
+	if overlaps(a.accept, b.accept) {
+		s.viol = append(s.viol, violation{at: s.elapsed(), a: a.id, b: b.id})
+	}
+}
+
+// setCut cuts (or restores) the link from i to j. Restoring the last
+// direction of a full cut starts a heal that lasts until both have heard
+// each other.
+func (s *sim) setCut(i, j int, cut bool) {
+	if i == j || s.links[i][j].cut == cut {
+		return
+	}
+	wasFull := s.links[i][j].cut && s.links[j][i].cut
+	s.links[i][j].cut = cut
+	if wasFull && !cut {
+		s.healWait[i][j], s.healWait[j][i] = true, true
+	}
+}
+
+// coverage reports whether the up nodes' accepting sets partition every
+// bucket of every rule: each bucket accepted by exactly one up node.
+func (s *sim) coverage() (ok bool, why string) {
+	for _, rid := range s.fcfg.RuleIDs() {
+		var once, twice filter.Bitmap
+		for _, n := range s.nodes {
+			if !n.up {
+				continue
+			}
+			if m := n.accept[rid]; m != nil {
+				for i := range m {
+					twice[i] |= once[i] & m[i]
+					once[i] |= m[i]
+				}
+			}
+		}
+		for i := range once {
+			if once[i] != ^uint64(0) || twice[i] != 0 {
+				return false, fmt.Sprintf("rule %d buckets %d-%d: some have no owner or two", rid, i*64, i*64+63)
+			}
+		}
+	}
+	return true, ""
+}
+
+func (s *sim) upCount() int {
+	k := 0
+	for _, n := range s.nodes {
+		if n.up {
+			k++
+		}
+	}
+	return k
+}
+
+// totalDeaths is the number of times any node declared a peer dead.
+func (s *sim) totalDeaths() uint64 {
+	var d uint64
+	for _, n := range s.nodes {
+		d += n.deaths
+		if n.up {
+			d += n.m.Status().Deaths
+		}
+	}
+	return d
+}
+
+func (s *sim) setAllLinks(f func(l *simLink)) {
+	for i := range s.links {
+		for j := range s.links[i] {
+			if i != j {
+				f(&s.links[i][j])
+			}
+		}
+	}
+}
+
+// startAll boots every node at a random phase within the first period and
+// returns once the cluster first covers every bucket, or fails.
+func (s *sim) startAll(deadline time.Duration) time.Duration {
+	for i := range s.nodes {
+		s.at(time.Duration(s.rng.Int64N(int64(s.cfg.Period))), func() { s.boot(i) })
+	}
+	step := s.cfg.Period / 10
+	for d := step; d <= deadline; d += step {
+		s.run(d)
+		if ok, _ := s.coverage(); ok {
+			return d
+		}
+	}
+	_, why := s.coverage()
+	s.t.Fatalf("cluster of %d never covered every bucket within %v: %s", len(s.nodes), deadline, why)
+	return 0
+}
+
+// waitCoverage runs until the up nodes cover every bucket exactly once and
+// returns the simulated time at which that first held (sampled every P/20).
+func (s *sim) waitCoverage(deadline time.Duration) (time.Duration, bool) {
+	step := s.cfg.Period / 20
+	for d := s.elapsed() + step; d <= deadline; d += step {
+		s.run(d)
+		if ok, _ := s.coverage(); ok {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+func sortedDurations(ds []time.Duration) []time.Duration {
+	out := slices.Clone(ds)
+	slices.Sort(out)
+	return out
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted)-1) * p)
+	return sorted[i]
+}
