@@ -392,9 +392,11 @@ func (s *Store) WaitIndex(ctx context.Context, idx uint64) error {
 
 // Apply commits cmd through Raft from any node: on the leader it is applied
 // here, elsewhere it is forwarded to the leader's peer API. The leader checks
-// the command against its state before proposing it, so a bad command never
-// reaches the log; the node's own check decides at once when it leads, and
-// stands in when no leader can be reached. Apply returns when the leader has
+// the command against its up-to-date state before proposing it, so a bad
+// command never reaches the log; this node's own check of its local state
+// (which may lag) stands in when no leader can be reached. A retry after a
+// leader change can meet a command that did commit, and then report the
+// business error the second attempt gets. Apply returns when the leader has
 // applied the command and, on a follower, when this node has too (or the
 // timeout passed). Business errors wrap ErrInvalid, ErrConflict,
 // ErrUnknownNode, ErrUnknownRule or ErrUnknownVIP; a write that cannot commit
