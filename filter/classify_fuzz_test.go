@@ -1,0 +1,40 @@
+package filter
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+)
+
+// FuzzClassify feeds the reference classifier arbitrary frames: it must
+// not panic, must leave a frame it passes or drops untouched, and may
+// change only the destination MAC of a frame it accepts. (The differential
+// test holds the XDP program to the same verdicts.)
+func FuzzClassify(f *testing.F) {
+	g := &gen{rng: rand.New(rand.NewPCG(7, 8)), vips: []netip.Addr{refVIP, refVIP2}}
+	for i := 0; i < 64; i++ {
+		f.Add(g.frame())
+	}
+	tb := allIn(refConfig(), OwnedDirty)
+	cs := conns{}
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		orig := append([]byte(nil), frame...)
+		res := Classify(tb, frame, nodeMAC, cs)
+		switch res.Verdict {
+		case Accept:
+			if !bytes.Equal(frame[:6], nodeMAC) || !bytes.Equal(frame[6:], orig[6:]) {
+				t.Fatalf("accepted frame changed beyond its destination MAC")
+			}
+		case Pass, Drop:
+			if !bytes.Equal(frame, orig) {
+				t.Fatalf("%v changed the frame", res.Verdict)
+			}
+		default:
+			t.Fatalf("verdict %v", res.Verdict)
+		}
+		if res.Verdict != Drop && res.Reason != NoReason || res.Verdict == Drop && res.Reason == NoReason {
+			t.Fatalf("verdict %v with reason %v", res.Verdict, res.Reason)
+		}
+	})
+}
