@@ -137,6 +137,7 @@ var labRunCommand = &cli.Command{
 	Flags: append([]cli.Flag{
 		&cli.DurationFlag{Name: "duration", Value: 3 * time.Second, Usage: "length of each traffic phase"},
 		&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "parallel client connections"},
+		&cli.Float64Flag{Name: "rate", Usage: "requests per second (0: as fast as the client can)"},
 		&cli.BoolFlag{Name: "keep", Usage: "leave the lab up after the run"},
 		jsonFlag,
 	}, labBuildFlags...),
@@ -147,6 +148,7 @@ var labRunCommand = &cli.Command{
 			Options:     labOptions(c),
 			Duration:    c.Duration("duration"),
 			Concurrency: c.Int("concurrency"),
+			Rate:        c.Float64("rate"),
 			Keep:        c.Bool("keep"),
 			Progress:    c.App.ErrWriter,
 		})

@@ -53,6 +53,7 @@ func helper(args []string) int {
 		fs.DurationVar(&o.Duration, "duration", 0, "")
 		fs.IntVar(&o.Concurrency, "concurrency", 1, "")
 		fs.BoolVar(&o.KeepAlive, "keepalive", false, "")
+		fs.Float64Var(&o.Rate, "rate", 0, "")
 		fs.DurationVar(&o.Timeout, "timeout", 0, "")
 		fs.Bool("json", true, "")
 		if fs.Parse(args[2:]) != nil {

@@ -42,6 +42,7 @@ type RunOptions struct {
 	Options
 	Duration        time.Duration // each traffic phase; 3 s if zero
 	Concurrency     int           // load workers; 8 if zero
+	Rate            float64       // requests/s over all workers; 0 = as fast as possible
 	Keep            bool          // leave the lab up afterwards
 	FailoverTimeout time.Duration // how long to wait for the survivors; 10 s if zero
 	Progress        io.Writer     // live progress lines; none if nil
@@ -52,6 +53,7 @@ type LoadArgs struct {
 	URL         string // http://VIP/ if empty
 	Duration    time.Duration
 	Concurrency int
+	Rate        float64 // requests/s; 0 = as fast as possible
 	KeepAlive   bool
 	Timeout     time.Duration // per request; the generator's default if zero
 }

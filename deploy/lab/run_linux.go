@@ -45,7 +45,7 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 			err = errors.Join(err, fmt.Errorf("lab down: %w", derr))
 		}
 	}()
-	la := LoadArgs{Duration: o.Duration, Concurrency: o.Concurrency}
+	la := LoadArgs{Duration: o.Duration, Concurrency: o.Concurrency, Rate: o.Rate}
 
 	l.progress(o.Progress, "traffic before the pull (%v, new connections)", o.Duration)
 	if rep.Before, err = l.Load(ctx, la, o.Progress); err != nil {
@@ -140,6 +140,9 @@ func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Re
 		"--concurrency", fmt.Sprint(a.Concurrency), "--json"}
 	if a.KeepAlive {
 		args = append(args, "--keepalive")
+	}
+	if a.Rate > 0 {
+		args = append(args, "--rate", fmt.Sprint(a.Rate))
 	}
 	if a.Timeout > 0 {
 		args = append(args, "--timeout", a.Timeout.String())
