@@ -1,0 +1,146 @@
+package heartbeat
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Runner drives a Machine with the real clock and a Transport: it sends the
+// heartbeat when due, hands received heartbeats to the Machine, calls Tick at
+// every deadline the Machine asks for, and publishes the Status. Its methods
+// are safe for concurrent use.
+type Runner[S any] struct {
+	m   *Machine[S]
+	t   *Transport
+	now func() time.Time
+	log *slog.Logger
+
+	mu        sync.Mutex // guards m, peers, published
+	peers     map[uint32]netip.AddrPort
+	published uint64
+
+	status  atomic.Pointer[Status[S]]
+	changed chan struct{}
+	kick    chan struct{}
+}
+
+// NewRunner returns a Runner for m over t. Run takes ownership of t.
+func NewRunner[S any](m *Machine[S], t *Transport, log *slog.Logger) *Runner[S] {
+	if log == nil {
+		log = slog.Default()
+	}
+	r := &Runner[S]{m: m, t: t, now: time.Now, log: log, changed: make(chan struct{}, 1), kick: make(chan struct{}, 1)}
+	st := m.Status()
+	r.status.Store(&st)
+	r.published = st.Version
+	return r
+}
+
+// Status returns the latest Status. Its Accept must not be modified.
+func (r *Runner[S]) Status() Status[S] { return *r.status.Load() }
+
+// Changed is signalled (coalesced) whenever Status().Version changes.
+func (r *Runner[S]) Changed() <-chan struct{} { return r.changed }
+
+// Stats returns the transport's counters.
+func (r *Runner[S]) Stats() Stats { return r.t.Stats() }
+
+// SetLocal sets what this node advertises.
+func (r *Runner[S]) SetLocal(l Local) {
+	r.mu.Lock()
+	r.m.SetLocal(r.now(), l)
+	r.publishLocked()
+	r.mu.Unlock()
+	r.poke()
+}
+
+// SetPeers sets the node registry and where each peer listens.
+func (r *Runner[S]) SetPeers(peers map[uint32]netip.AddrPort) {
+	ids := make([]uint32, 0, len(peers))
+	for id := range peers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	r.mu.Lock()
+	r.peers = peers
+	r.m.SetPeers(r.now(), ids)
+	r.publishLocked()
+	r.mu.Unlock()
+	r.poke()
+}
+
+func (r *Runner[S]) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Runner[S]) publishLocked() {
+	if v := r.m.Version(); v != r.published {
+		st := r.m.Status()
+		r.status.Store(&st)
+		r.published = v
+		select {
+		case r.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run sends, receives and ticks until ctx is done, then closes the
+// transport. It returns the receive error, if any, or nil.
+func (r *Runner[S]) Run(ctx context.Context) error {
+	recvErr := make(chan error, 1)
+	go func() {
+		recvErr <- r.t.Serve(func(msg *Message, from netip.AddrPort) {
+			r.mu.Lock()
+			err := r.m.Receive(r.now(), msg)
+			r.publishLocked()
+			r.mu.Unlock()
+			if err != nil {
+				r.t.Reject(ReasonOf(err))
+				return
+			}
+			r.poke() // the view may have changed: the next send may be due now
+		})
+	}()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		now := r.now()
+		r.m.Tick(now)
+		var msg *Message
+		var to []netip.AddrPort
+		if !now.Before(r.m.NextSend()) {
+			msg = r.m.Outgoing(now)
+			for _, ap := range r.peers {
+				to = append(to, ap)
+			}
+		}
+		wake := r.m.Wake()
+		r.publishLocked()
+		r.mu.Unlock()
+		if msg != nil {
+			if err := r.t.Send(msg, to); err != nil {
+				r.log.Debug("heartbeat send", "err", err)
+			}
+		}
+		timer.Reset(max(wake.Sub(r.now()), 0))
+		select {
+		case <-ctx.Done():
+			r.t.Close()
+			return <-recvErr
+		case err := <-recvErr:
+			return err
+		case <-timer.C:
+		case <-r.kick:
+		}
+	}
+}

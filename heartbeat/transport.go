@@ -1,0 +1,113 @@
+package heartbeat
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync/atomic"
+)
+
+// Stats are a Transport's counters, for metrics.
+type Stats struct {
+	Sent       uint64 // datagrams sent
+	SendErrors uint64 // datagrams the socket refused
+	Received   uint64 // datagrams read
+	Accepted   uint64 // heartbeats handed on (decoded and authenticated)
+	// Rejected counts dropped heartbeats by reason: the codec's, and the
+	// machine's (stale, unknown node, self) as reported through Reject.
+	Rejected [NumReasons]uint64
+}
+
+// Transport sends and receives heartbeats over UDP (any PacketConn). It is
+// fed peer addresses; it discovers nothing. Send and Serve may run
+// concurrently.
+type Transport struct {
+	conn      net.PacketConn
+	clusterID uint32
+	key       []byte
+
+	sent, sendErrors, received, accepted atomic.Uint64
+	rejected                             [NumReasons]atomic.Uint64
+}
+
+// Listen opens a UDP socket on addr ("host:port"; port 0 picks one).
+func Listen(addr string, clusterID uint32, key []byte) (*Transport, error) {
+	conn, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for heartbeats on %s: %w", addr, err)
+	}
+	return New(conn, clusterID, key), nil
+}
+
+// New wraps an open PacketConn.
+func New(conn net.PacketConn, clusterID uint32, key []byte) *Transport {
+	return &Transport{conn: conn, clusterID: clusterID, key: key}
+}
+
+// LocalAddr is the address heartbeats are received on.
+func (t *Transport) LocalAddr() net.Addr { return t.conn.LocalAddr() }
+
+// Close closes the socket; Serve returns.
+func (t *Transport) Close() error { return t.conn.Close() }
+
+// Send encodes msg once and sends it to every address.
+func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
+	b, err := Encode(msg, t.key)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ap := range to {
+		if _, err := t.conn.WriteTo(b, net.UDPAddrFromAddrPort(ap)); err != nil {
+			t.sendErrors.Add(1)
+			errs = append(errs, fmt.Errorf("send heartbeat to %s: %w", ap, err))
+			continue
+		}
+		t.sent.Add(1)
+	}
+	return errors.Join(errs...)
+}
+
+// Serve reads heartbeats until the socket is closed, counts the rejected
+// ones and calls handle with each valid one. It returns nil once closed.
+func (t *Transport) Serve(handle func(msg *Message, from netip.AddrPort)) error {
+	buf := make([]byte, MaxMessageSize+1) // one more, to see oversized datagrams
+	for {
+		n, addr, err := t.conn.ReadFrom(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("read heartbeat: %w", err)
+		}
+		t.received.Add(1)
+		msg, err := Decode(buf[:n], t.key, t.clusterID)
+		if err != nil {
+			t.Reject(ReasonOf(err))
+			continue
+		}
+		t.accepted.Add(1)
+		var from netip.AddrPort
+		if ua, ok := addr.(*net.UDPAddr); ok {
+			from = ua.AddrPort()
+		}
+		handle(msg, from)
+	}
+}
+
+// Reject counts one heartbeat dropped for reason r after decoding.
+func (t *Transport) Reject(r Reason) {
+	if r < NumReasons {
+		t.rejected[r].Add(1)
+	}
+}
+
+// Stats returns the counters.
+func (t *Transport) Stats() Stats {
+	s := Stats{Sent: t.sent.Load(), SendErrors: t.sendErrors.Load(), Received: t.received.Load(), Accepted: t.accepted.Load()}
+	for r := range s.Rejected {
+		s.Rejected[r] = t.rejected[r].Load()
+	}
+	return s
+}

@@ -1,0 +1,167 @@
+package heartbeat
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+)
+
+// toySet is a bucket set over 16 buckets, for tests that need no filter:
+// bucket b belongs to the view's member number b mod len(members).
+type toySet []bool
+
+func toyOwned(me uint32) func(View) toySet {
+	return func(v View) toySet {
+		s := make(toySet, 16)
+		for b := range s {
+			if len(v.Eligible) > 0 && v.Eligible[b%len(v.Eligible)] == me {
+				s[b] = true
+			}
+		}
+		return s
+	}
+}
+
+func toyIntersect(a, b toySet) toySet {
+	out := make(toySet, 16)
+	for i := range out {
+		out[i] = i < len(a) && i < len(b) && a[i] && b[i]
+	}
+	return out
+}
+
+func toyCount(s toySet) int {
+	n := 0
+	for _, x := range s {
+		if x {
+			n++
+		}
+	}
+	return n
+}
+
+func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out after %v waiting for %s", deadline, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunnersOnLoopback runs two nodes over real UDP sockets on loopback:
+// they converge and split the buckets, then one stops and the other takes
+// every bucket.
+func TestRunnersOnLoopback(t *testing.T) {
+	const cluster = 7
+	var trs [2]*Transport
+	var runners [2]*Runner[toySet]
+	var cancels [2]context.CancelFunc
+	var done [2]chan error
+	for i := range trs {
+		tr, err := Listen("127.0.0.1:0", cluster, simKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trs[i] = tr
+	}
+	peers := map[uint32]netip.AddrPort{}
+	for i, tr := range trs {
+		peers[uint32(i+1)] = tr.LocalAddr().(*net.UDPAddr).AddrPort()
+	}
+	for i := range trs {
+		id := uint32(i + 1)
+		m, err := NewMachine(Config{ClusterID: cluster, Self: id, Key: simKey, Period: 20 * time.Millisecond, Tolerance: 5}, time.Now(), toyOwned(id), toyIntersect)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := NewRunner(m, trs[i], nil)
+		r.SetPeers(peers)
+		r.SetLocal(Local{Admin: Started, Healthy: true, RulesIndex: 1})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[i], runners[i], done[i] = cancel, r, make(chan error, 1)
+		go func() { done[i] <- r.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done[i] })
+	}
+	waitFor(t, "both nodes converged on {1,2} with 8 buckets each", 5*time.Second, func() bool {
+		for _, r := range runners {
+			st := r.Status()
+			if !st.Converged || !slices.Equal(st.View.Eligible, []uint32{1, 2}) || toyCount(st.Accept) != 8 {
+				return false
+			}
+		}
+		return true
+	})
+	select {
+	case <-runners[0].Changed():
+	default:
+		t.Error("Changed was never signalled")
+	}
+	a, b := runners[0].Status().Accept, runners[1].Status().Accept
+	for i := range a {
+		if a[i] == b[i] {
+			t.Errorf("bucket %d: node 1 accepts=%v, node 2 accepts=%v; want exactly one", i, a[i], b[i])
+		}
+	}
+	if s := runners[0].Stats(); s.Sent == 0 || s.Accepted == 0 {
+		t.Errorf("stats %+v: want heartbeats sent and accepted", s)
+	}
+
+	cancels[1]()
+	if err := <-done[1]; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	done[1] <- nil // for the cleanup
+	waitFor(t, "node 1 alone with every bucket", 5*time.Second, func() bool {
+		st := runners[0].Status()
+		return st.Converged && slices.Equal(st.View.Eligible, []uint32{1}) && toyCount(st.Accept) == 16 && st.Deaths == 1
+	})
+}
+
+// TestTransportCountsRejects sends bad datagrams and a valid one from an
+// unregistered node, and checks each is counted under its reason.
+func TestTransportCountsRejects(t *testing.T) {
+	tr, err := Listen("127.0.0.1:0", 7, simKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMachine(Config{ClusterID: 7, Self: 1, Key: simKey}, time.Now(), toyOwned(1), toyIntersect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRunner(m, tr, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	c, err := net.Dial("udp", tr.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	good, _ := Encode(&Message{ClusterID: 7, Node: 9, Seq: 1}, simKey)
+	foreign, _ := Encode(&Message{ClusterID: 8, Node: 9, Seq: 1}, simKey)
+	badMAC := append([]byte(nil), good...)
+	badMAC[len(badMAC)-1] ^= 1
+	for _, b := range [][]byte{{1, 2, 3}, foreign, badMAC, good} {
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[Reason]uint64{ReasonTruncated: 1, ReasonForeignCluster: 1, ReasonBadMAC: 1, ReasonUnknownNode: 1}
+	waitFor(t, "four rejections counted by reason", 5*time.Second, func() bool {
+		s := r.Stats()
+		for reason, n := range want {
+			if s.Rejected[reason] != n {
+				return false
+			}
+		}
+		return true
+	})
+}
