@@ -610,3 +610,64 @@ func TestPeerStateEndpoint(t *testing.T) {
 		t.Errorf("unsigned GET state: %s, want 401", resp2.Status)
 	}
 }
+
+// TestConcurrentWritesFromEveryNode proposes rules from all nodes at once:
+// each gets its own id and every replica ends with the same state.
+func TestConcurrentWritesFromEveryNode(t *testing.T) {
+	nodes := newCluster(t, 3)
+	mustApply(t, nodes[0], &PutVIP{VIP: vip1})
+	const writes = 30
+	type out struct {
+		id  filter.RuleID
+		err error
+	}
+	results := make(chan out, writes)
+	for i := range writes {
+		go func() {
+			res, err := nodes[i%3].store.Apply(testCtx(t, 10*time.Second), putRule(uint16(1000+i)))
+			results <- out{res.RuleID, err}
+		}()
+	}
+	ids := map[filter.RuleID]bool{}
+	for range writes {
+		o := <-results
+		if o.err != nil {
+			t.Errorf("concurrent write: %v", o.err)
+			continue
+		}
+		if ids[o.id] {
+			t.Errorf("rule id %d handed out twice", o.id)
+		}
+		ids[o.id] = true
+	}
+	if s := waitConverged(t, nodes); len(s.Rules) != writes {
+		t.Errorf("%d rules, want %d", len(s.Rules), writes)
+	}
+}
+
+// TestForwardedRetryAppliesOnce sends one request twice to the leader, as a
+// follower does when the first reply is lost: one rule, one answer.
+func TestForwardedRetryAppliesOnce(t *testing.T) {
+	nodes := newCluster(t, 2)
+	leader, followers := leaderOf(t, nodes)
+	f := followers[0]
+	mustApply(t, f, &PutVIP{VIP: vip1})
+	data, err := encodeEntry(putRule(80), 4242)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var results []Result
+	for range 2 {
+		res, err := f.store.forward(testCtx(t, 5*time.Second), leader.apiAddr, pathApply, data, true)
+		if err != nil {
+			t.Fatalf("forward: %v", err)
+		}
+		results = append(results, res)
+	}
+	if diff := cmp.Diff(results[0], results[1]); diff != "" {
+		t.Errorf("second answer (-first +second):\n%s", diff)
+	}
+	if s := waitConverged(t, nodes); len(s.Rules) != 1 {
+		t.Errorf("%d rules after a retried request, want 1", len(s.Rules))
+	}
+}

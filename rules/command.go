@@ -2,6 +2,7 @@ package rules
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 )
 
 // CommandType is a command's one-byte tag at the head of its Raft log entry.
+// An entry is the tag, a version byte, an 8-byte request id and the
+// command's payload as JSON.
 // Tags are never reused: a replica must decode every entry ever written.
 type CommandType uint8
 
@@ -77,9 +80,21 @@ var commandTable = map[CommandType]func() Command{
 	TypeSetSettings:         func() Command { return new(SetSettings) },
 }
 
-// EncodeCommand returns cmd as a log entry: the type tag, the payload
-// version, then the payload as JSON.
+// entryHeader is the size of a log entry's header: the type tag, the
+// payload version and the request id.
+const entryHeader = 10
+
+// EncodeCommand returns cmd as a log entry with no request id: the type
+// tag, the payload version, 8 zero bytes, then the payload as JSON.
 func EncodeCommand(cmd Command) ([]byte, error) {
+	return encodeEntry(cmd, 0)
+}
+
+// encodeEntry encodes cmd with a request id (big-endian). A write keeps its
+// id through every retry, and the FSM remembers the results of recent ids,
+// so a retry after a lost leadership or a lost reply gets the first
+// attempt's result instead of applying the command twice. 0: no id.
+func encodeEntry(cmd Command, reqID uint64) ([]byte, error) {
 	if _, ok := commandTable[cmd.Type()]; !ok {
 		return nil, fmt.Errorf("encode command: unknown type %d", cmd.Type())
 	}
@@ -87,8 +102,9 @@ func EncodeCommand(cmd Command) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode command %d: %w", cmd.Type(), err)
 	}
-	b := make([]byte, 0, 2+len(payload))
-	b = append(b, byte(cmd.Type()), commandVersion)
+	b := make([]byte, entryHeader, entryHeader+len(payload))
+	b[0], b[1] = byte(cmd.Type()), commandVersion
+	binary.BigEndian.PutUint64(b[2:], reqID)
 	return append(b, payload...), nil
 }
 
@@ -96,29 +112,35 @@ func EncodeCommand(cmd Command) ([]byte, error) {
 // unknown tags, versions or fields and trailing bytes are errors, so two
 // replicas can never read one entry two ways.
 func DecodeCommand(b []byte) (Command, error) {
-	if len(b) < 2 {
-		return nil, fmt.Errorf("decode command: %d bytes is too short", len(b))
+	cmd, _, err := decodeEntry(b)
+	return cmd, err
+}
+
+// decodeEntry parses a log entry and its request id.
+func decodeEntry(b []byte) (Command, uint64, error) {
+	if len(b) < entryHeader {
+		return nil, 0, fmt.Errorf("decode command: %d bytes is too short", len(b))
 	}
 	if len(b) > maxCommandSize {
-		return nil, fmt.Errorf("decode command: %d bytes is over the %d byte limit", len(b), maxCommandSize)
+		return nil, 0, fmt.Errorf("decode command: %d bytes is over the %d byte limit", len(b), maxCommandSize)
 	}
 	newCmd, ok := commandTable[CommandType(b[0])]
 	if !ok {
-		return nil, fmt.Errorf("decode command: unknown type %d", b[0])
+		return nil, 0, fmt.Errorf("decode command: unknown type %d", b[0])
 	}
 	if b[1] != commandVersion {
-		return nil, fmt.Errorf("decode command type %d: unsupported version %d", b[0], b[1])
+		return nil, 0, fmt.Errorf("decode command type %d: unsupported version %d", b[0], b[1])
 	}
 	cmd := newCmd()
-	dec := json.NewDecoder(bytes.NewReader(b[2:]))
+	dec := json.NewDecoder(bytes.NewReader(b[entryHeader:]))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(cmd); err != nil {
-		return nil, fmt.Errorf("decode command type %d: %w", b[0], err)
+		return nil, 0, fmt.Errorf("decode command type %d: %w", b[0], err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("decode command type %d: trailing data", b[0])
+		return nil, 0, fmt.Errorf("decode command type %d: trailing data", b[0])
 	}
-	return cmd, nil
+	return cmd, binary.BigEndian.Uint64(b[2:entryHeader]), nil
 }
 
 // InitCluster sets the cluster id and first settings. The bootstrapping node

@@ -12,10 +12,27 @@ import (
 // snapshotVersion heads every snapshot so a later format can be told apart.
 const snapshotVersion = 1
 
+// maxRecent is how many request results the FSM remembers for retries; a
+// retry comes within seconds, while hundreds of writes are rare.
+const maxRecent = 1024
+
 // applyResult is what fsm.Apply hands back through the raft future.
 type applyResult struct {
 	res Result
 	err error
+}
+
+// recentResult is the remembered outcome of a request id. Errors keep their
+// wire code and message, which every replica computes alike.
+type recentResult struct {
+	ID     uint64
+	Result Result
+	Code   string `json:",omitempty"`
+	Error  string `json:",omitempty"`
+}
+
+func (r recentResult) applyResult() applyResult {
+	return applyResult{res: r.Result, err: decodeError(r.Code, r.Error)}
 }
 
 // fsm is the Raft state machine. It keeps the state immutable once
@@ -25,24 +42,37 @@ type applyResult struct {
 type fsm struct {
 	mu     sync.RWMutex
 	state  *State
-	notify func() // called after every apply and restore, without f.mu held
+	recent []recentResult // oldest first, at most maxRecent; in snapshots
+	byID   map[uint64]int // request id -> position in recent
+	notify func()         // called after every apply and restore, without f.mu held
 }
 
 func newFSM(notify func()) *fsm {
 	if notify == nil {
 		notify = func() {}
 	}
-	return &fsm{state: &State{}, notify: notify}
+	return &fsm{state: &State{}, byID: map[uint64]int{}, notify: notify}
 }
 
 // Apply implements raft.FSM. An entry that does not decode panics: a replica
 // that skipped it would silently diverge from the others.
 func (f *fsm) Apply(l *raft.Log) any {
-	cmd, err := DecodeCommand(l.Data)
+	cmd, reqID, err := decodeEntry(l.Data)
 	if err != nil {
 		panic(fmt.Sprintf("rules: raft log entry %d: %v", l.Index, err))
 	}
 	f.mu.Lock()
+	if i, dup := f.byID[reqID]; dup && reqID != 0 {
+		// A retry of a request that already committed: answer as the first
+		// time, change nothing but the index.
+		next := f.state.Clone()
+		next.Index = l.Index
+		f.state = next
+		ar := f.recent[i].applyResult()
+		f.mu.Unlock()
+		f.notify()
+		return ar
+	}
 	next := f.state.Clone()
 	res, err := applyTo(next, cmd)
 	if err != nil {
@@ -50,10 +80,51 @@ func (f *fsm) Apply(l *raft.Log) any {
 	}
 	next.Index = l.Index
 	f.state = next
+	res.Index = l.Index
+	if reqID != 0 {
+		f.remember(recentResult{ID: reqID, Result: res, Code: errorCode(err), Error: errString(err)})
+	}
 	f.mu.Unlock()
 	f.notify()
-	res.Index = l.Index
 	return applyResult{res: res, err: err}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// remember records a result, forgetting the oldest beyond maxRecent.
+// Callers hold f.mu.
+func (f *fsm) remember(r recentResult) {
+	if len(f.recent) >= maxRecent {
+		drop := len(f.recent) - maxRecent + 1
+		for _, old := range f.recent[:drop] {
+			delete(f.byID, old.ID)
+		}
+		f.recent = append(f.recent[:0:0], f.recent[drop:]...)
+		for i, r := range f.recent {
+			f.byID[r.ID] = i
+		}
+	}
+	f.byID[r.ID] = len(f.recent)
+	f.recent = append(f.recent, r)
+}
+
+// lookup returns the result of request id if it was applied recently.
+func (f *fsm) lookup(reqID uint64) (applyResult, bool) {
+	if reqID == 0 {
+		return applyResult{}, false
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	i, ok := f.byID[reqID]
+	if !ok {
+		return applyResult{}, false
+	}
+	return f.recent[i].applyResult(), true
 }
 
 // current returns the published state; callers must not modify it.
@@ -63,27 +134,39 @@ func (f *fsm) current() *State {
 	return f.state
 }
 
+// snapshotData is what a snapshot holds after its version byte.
+type snapshotData struct {
+	State  *State
+	Recent []recentResult `json:",omitempty"`
+}
+
 // Snapshot implements raft.FSM. It only copies; Persist does the IO, off
 // the FSM's goroutine.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	return &snapshot{state: f.current().Clone()}, nil
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return &snapshot{data: snapshotData{State: f.state.Clone(), Recent: append([]recentResult(nil), f.recent...)}}, nil
 }
 
 // Restore implements raft.FSM.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	s, err := decodeSnapshot(rc)
+	d, err := decodeSnapshot(rc)
 	if err != nil {
 		return err
 	}
+	byID := make(map[uint64]int, len(d.Recent))
+	for i, r := range d.Recent {
+		byID[r.ID] = i
+	}
 	f.mu.Lock()
-	f.state = s
+	f.state, f.recent, f.byID = d.State, d.Recent, byID
 	f.mu.Unlock()
 	f.notify()
 	return nil
 }
 
-func decodeSnapshot(r io.Reader) (*State, error) {
+func decodeSnapshot(r io.Reader) (*snapshotData, error) {
 	var v [1]byte
 	if _, err := io.ReadFull(r, v[:]); err != nil {
 		return nil, fmt.Errorf("restore rules snapshot: %w", err)
@@ -91,19 +174,25 @@ func decodeSnapshot(r io.Reader) (*State, error) {
 	if v[0] != snapshotVersion {
 		return nil, fmt.Errorf("restore rules snapshot: unsupported version %d", v[0])
 	}
-	s := new(State)
-	if err := json.NewDecoder(r).Decode(s); err != nil {
+	d := new(snapshotData)
+	if err := json.NewDecoder(r).Decode(d); err != nil {
 		return nil, fmt.Errorf("restore rules snapshot: %w", err)
 	}
-	if err := s.validate(); err != nil {
+	if d.State == nil {
+		return nil, fmt.Errorf("restore rules snapshot: no state")
+	}
+	if err := d.State.validate(); err != nil {
 		return nil, fmt.Errorf("restore rules snapshot: %w", err)
 	}
-	return s, nil
+	if len(d.Recent) > maxRecent {
+		return nil, fmt.Errorf("restore rules snapshot: %d recent results, over %d", len(d.Recent), maxRecent)
+	}
+	return d, nil
 }
 
-// snapshot is a point-in-time state; Persist does the IO.
+// snapshot is a point-in-time copy of the FSM; Persist does the IO.
 type snapshot struct {
-	state *State
+	data snapshotData
 }
 
 // Persist implements raft.FSMSnapshot.
@@ -112,7 +201,7 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 		if _, err := sink.Write([]byte{snapshotVersion}); err != nil {
 			return err
 		}
-		return json.NewEncoder(sink).Encode(s.state)
+		return json.NewEncoder(sink).Encode(s.data)
 	}()
 	if err != nil {
 		sink.Cancel()

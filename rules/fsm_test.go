@@ -246,10 +246,11 @@ func TestFSMErrors(t *testing.T) {
 func TestFSMUndecodableEntryPanics(t *testing.T) {
 	for name, data := range map[string][]byte{
 		"empty":          nil,
-		"unknown type":   {200, 1, '{', '}'},
-		"future version": {byte(TypePutVIP), 2, '{', '}'},
-		"bad json":       {byte(TypePutVIP), 1, '{'},
-		"unknown field":  append([]byte{byte(TypePutVIP), 1}, `{"VIP":"198.18.0.1","Extra":1}`...),
+		"short header":   {byte(TypePutVIP), 1, '{', '}'},
+		"unknown type":   rawEntry(200, 1, `{}`),
+		"future version": rawEntry(TypePutVIP, 2, `{}`),
+		"bad json":       rawEntry(TypePutVIP, 1, `{`),
+		"unknown field":  rawEntry(TypePutVIP, 1, `{"VIP":"198.18.0.1","Extra":1}`),
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFSM(nil)
@@ -337,7 +338,8 @@ func TestRestoreRejectsBadSnapshots(t *testing.T) {
 		"empty":        "",
 		"version":      "\x02{}",
 		"json":         "\x01{",
-		"invalid rule": "\x01" + `{"Rules":[{"ID":1,"PortLo":9,"PortHi":1,"Proto":1}],"LastRuleID":1}`,
+		"no state":     "\x01{}",
+		"invalid rule": "\x01" + `{"State":{"Rules":[{"ID":1,"PortLo":9,"PortHi":1,"Proto":1}],"LastRuleID":1}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			if err := newFSM(nil).Restore(io.NopCloser(strings.NewReader(data))); err == nil {
@@ -422,5 +424,70 @@ func TestAdminStateText(t *testing.T) {
 	}
 	if _, err := ParseAdminState("paused"); !errors.Is(err, ErrInvalid) {
 		t.Errorf("ParseAdminState(paused) error = %v, want ErrInvalid", err)
+	}
+}
+
+// TestFSMRetriedRequest checks a request applied twice (a retry after a
+// lost leadership or reply) answers as the first time and changes nothing,
+// also across a snapshot, while the same command with another id is new.
+func TestFSMRetriedRequest(t *testing.T) {
+	tf := seeded(t)
+	entry := func(cmd Command, id uint64) *raft.Log {
+		data, err := encodeEntry(cmd, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tf.index++
+		return &raft.Log{Index: tf.index, Data: data}
+	}
+	add := &PutRule{Rule: filter.Rule{VIP: vip2, PortLo: 443, PortHi: 443, Proto: filter.ProtoTCP}}
+	first := tf.f.Apply(entry(add, 77)).(applyResult)
+	if first.err != nil || first.res.RuleID != 3 {
+		t.Fatalf("first attempt: %+v", first)
+	}
+	bad := &SetWeight{Rule: 1, Node: 1, Weight: 500}
+	firstBad := tf.f.Apply(entry(bad, 78)).(applyResult)
+	before := tf.f.current().Clone()
+
+	// Through a snapshot and restore, as a replica that catches up would.
+	snap, _ := tf.f.Snapshot()
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	if err := tf.f.Restore(io.NopCloser(&sink)); err != nil {
+		t.Fatal(err)
+	}
+	again := tf.f.Apply(entry(add, 77)).(applyResult)
+	if diff := cmp.Diff(first.res, again.res); diff != "" || again.err != nil {
+		t.Errorf("retry result (-first +retry):\n%s err %v", diff, again.err)
+	}
+	againBad := tf.f.Apply(entry(bad, 78)).(applyResult)
+	if !errors.Is(againBad.err, ErrInvalid) || againBad.err.Error() != firstBad.err.Error() {
+		t.Errorf("retried failure: %v, want %v", againBad.err, firstBad.err)
+	}
+	before.Index = tf.index
+	if diff := cmp.Diff(before, tf.f.current(), stateOpts); diff != "" {
+		t.Errorf("retries changed the state (-want +got):\n%s", diff)
+	}
+	if ar, ok := tf.f.lookup(77); !ok || ar.res.RuleID != 3 {
+		t.Errorf("lookup(77) = %+v, %v", ar, ok)
+	}
+	// Another id is another request: this one overlaps rule 3.
+	if other := tf.f.Apply(entry(add, 79)).(applyResult); !errors.Is(other.err, ErrConflict) {
+		t.Errorf("same command, new id: err %v, want ErrConflict", other.err)
+	}
+	// Old ids are forgotten past maxRecent.
+	for i := range maxRecent {
+		tf.f.Apply(entry(&PutVIP{VIP: vip1}, uint64(1000+i)))
+	}
+	if _, ok := tf.f.lookup(77); ok {
+		t.Error("request 77 still remembered after maxRecent newer ones")
+	}
+	if _, ok := tf.f.lookup(uint64(1000 + maxRecent - 1)); !ok {
+		t.Error("the newest request is forgotten")
+	}
+	if len(tf.f.recent) != maxRecent || len(tf.f.byID) != maxRecent {
+		t.Errorf("remembering %d results (%d ids), want %d", len(tf.f.recent), len(tf.f.byID), maxRecent)
 	}
 }

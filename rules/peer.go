@@ -36,7 +36,8 @@ type peerReply struct {
 }
 
 type removeRequest struct {
-	ID filter.NodeID
+	ID    filter.NodeID
+	ReqID uint64 // kept through retries, as for writes
 }
 
 type pingReply struct {
@@ -85,7 +86,7 @@ func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	cmd, err := DecodeCommand(data)
+	cmd, reqID, err := decodeEntry(data)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest) // never let a bad entry into the log
 		return
@@ -96,7 +97,7 @@ func (s *Store) handleApply(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.leaderCtx(r)
 	defer cancel()
-	res, err := s.checkAndApply(ctx, cmd, data)
+	res, err := s.checkAndApply(ctx, cmd, reqID, data)
 	writeReply(w, res, err)
 }
 
@@ -144,7 +145,7 @@ func (s *Store) handleRemove(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.leaderCtx(r)
 	defer cancel()
-	res, err := s.removeAsLeader(ctx, req.ID)
+	res, err := s.removeAsLeader(ctx, req.ID, req.ReqID)
 	writeReply(w, res, err)
 }
 

@@ -403,7 +403,8 @@ func (s *Store) WaitIndex(ctx context.Context, idx uint64) error {
 // within the apply timeout returns ErrNoQuorum, and the local rules stay as
 // they were.
 func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
-	data, err := EncodeCommand(cmd)
+	reqID := newRequestID()
+	data, err := encodeEntry(cmd, reqID)
 	if err != nil {
 		return Result{}, err
 	}
@@ -414,7 +415,7 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
 	defer cancel()
 	res, err := leaderDo(ctx, s,
-		func(ctx context.Context) (Result, error) { return s.checkAndApply(ctx, cmd, data) },
+		func(ctx context.Context) (Result, error) { return s.checkAndApply(ctx, cmd, reqID, data) },
 		func(ctx context.Context, api string) (Result, error) {
 			return s.forward(ctx, api, pathApply, data, true)
 		})
@@ -448,10 +449,21 @@ func (s *Store) leaderReady(ctx context.Context) error {
 	return nil
 }
 
-// checkAndApply validates cmd against the leader's state, then proposes it.
-func (s *Store) checkAndApply(ctx context.Context, cmd Command, data []byte) (Result, error) {
+// newRequestID returns a random, non-zero request id.
+func newRequestID() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:]) | 1
+}
+
+// checkAndApply validates cmd against the leader's state, then proposes it;
+// a request that already committed gets its first result back instead.
+func (s *Store) checkAndApply(ctx context.Context, cmd Command, reqID uint64, data []byte) (Result, error) {
 	if err := s.leaderReady(ctx); err != nil {
 		return Result{}, err
+	}
+	if ar, ok := s.fsm.lookup(reqID); ok {
+		return ar.res, ar.err
 	}
 	if err := s.fsm.current().Check(cmd); err != nil {
 		return Result{}, err
@@ -642,7 +654,7 @@ func (s *Store) joinAsLeader(ctx context.Context, info NodeInfo) (Result, error)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := s.checkAndApply(ctx, cmd, data)
+	res, err := s.checkAndApply(ctx, cmd, 0, data)
 	if err != nil {
 		return res, err
 	}
@@ -689,14 +701,15 @@ func (s *Store) Leave(ctx context.Context) error {
 // RemoveNode removes node id from Raft and from the registry, for a node
 // that is dead or leaving. Any node may call it; it runs on the leader.
 func (s *Store) RemoveNode(ctx context.Context, id filter.NodeID) error {
-	body, err := jsonBody(removeRequest{ID: id})
+	reqID := newRequestID()
+	body, err := jsonBody(removeRequest{ID: id, ReqID: reqID})
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
 	defer cancel()
 	_, err = leaderDo(ctx, s,
-		func(ctx context.Context) (Result, error) { return s.removeAsLeader(ctx, id) },
+		func(ctx context.Context) (Result, error) { return s.removeAsLeader(ctx, id, reqID) },
 		func(ctx context.Context, api string) (Result, error) {
 			return s.forward(ctx, api, pathRemove, body, true)
 		})
@@ -707,9 +720,12 @@ func (s *Store) RemoveNode(ctx context.Context, id filter.NodeID) error {
 // a retry possible: the registry entry (which names the node) goes last,
 // except when the leader removes itself, since it stops leading once it is
 // out of Raft.
-func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID) (Result, error) {
+func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID, reqID uint64) (Result, error) {
 	if err := s.leaderReady(ctx); err != nil {
 		return Result{}, err
+	}
+	if ar, ok := s.fsm.lookup(reqID); ok {
+		return ar.res, ar.err // a retry of a removal that went through
 	}
 	n := s.fsm.current().Node(id)
 	if n == nil {
@@ -730,7 +746,7 @@ func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID) (Result, e
 	if inRaft && otherVoters == 0 {
 		return Result{}, fmt.Errorf("%w: node %d (%s) is the last voter; a cluster cannot remove its last voter, stop the agent instead", ErrConflict, id, n.Name)
 	}
-	data, err := EncodeCommand(&RemoveNode{ID: id})
+	data, err := encodeEntry(&RemoveNode{ID: id}, reqID)
 	if err != nil {
 		return Result{}, err
 	}
