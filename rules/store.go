@@ -394,9 +394,10 @@ func (s *Store) WaitIndex(ctx context.Context, idx uint64) error {
 // here, elsewhere it is forwarded to the leader's peer API. The leader checks
 // the command against its up-to-date state before proposing it, so a bad
 // command never reaches the log; this node's own check of its local state
-// (which may lag) stands in when no leader can be reached. A retry after a
-// leader change can meet a command that did commit, and then report the
-// business error the second attempt gets. Apply returns when the leader has
+// (which may lag) stands in when no leader can be reached. Every attempt
+// carries one request id, so a retry after a leader change or a lost reply
+// gets the first attempt's result and never applies the command twice.
+// Apply returns when the leader has
 // applied the command and, on a follower, when this node has too (or the
 // timeout passed). Business errors wrap ErrInvalid, ErrConflict,
 // ErrUnknownNode, ErrUnknownRule or ErrUnknownVIP; a write that cannot commit
