@@ -39,18 +39,19 @@ type Agent struct {
 
 	wake chan struct{} // a reconcile is due
 
-	mu        sync.Mutex // guards everything below
-	self      filter.NodeID
-	rstate    *rules.State
-	fcfg      *filter.Config
-	machine   *heartbeat.Machine[filter.Set]
-	hbStatus  heartbeat.Status[filter.Set]
-	held      filter.Set
-	conns     int
-	last      plan
-	lastKey   reconcileKey
-	plugged   bool
-	stopAsked bool // a drain finished and the stop was proposed
+	mu          sync.Mutex // guards everything below
+	self        filter.NodeID
+	rstate      *rules.State
+	fcfg        *filter.Config
+	machine     *heartbeat.Machine[filter.Set]
+	hbStatus    heartbeat.Status[filter.Set]
+	held        filter.Set
+	conns       int
+	last        plan
+	lastKey     reconcileKey
+	plugged     bool
+	tablesIndex uint64 // rules index the data plane's tables come from
+	stopAsked   bool   // a drain finished and the stop was proposed
 }
 
 // reconcileKey is what the data plane was last computed from; an unchanged
@@ -425,7 +426,7 @@ func (a *Agent) reconcile() {
 		a.log.Error("update xdp tables; keeping the previous ones", "err", err)
 		return
 	}
-	a.last, a.lastKey = p, key
+	a.last, a.lastKey, a.tablesIndex = p, key, a.rstate.Index
 	if !st.View.Equal(prevView) {
 		a.log.Info("view changed", "eligible", st.View.Eligible, "rules_index", st.View.RulesIndex, "converged", st.Converged)
 		if a.arp != nil && !a.plugged {

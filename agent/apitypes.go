@@ -13,6 +13,7 @@ type Status struct {
 	HealthError string                `json:"health_error,omitempty"`
 	Converged   bool                  `json:"converged"`
 	RulesIndex  uint64                `json:"rules_index"`
+	TablesIndex uint64                `json:"tables_index"` // rules index of the tables in the data plane
 	View        ViewInfo              `json:"view"`
 	Live        []filter.NodeID       `json:"live"`
 	Accepting   map[filter.RuleID]int `json:"accepting"`   // buckets taking new connections, per rule

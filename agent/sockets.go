@@ -37,4 +37,3 @@ func minus(s, o filter.Set) filter.Set {
 	}
 	return out
 }
-

@@ -14,7 +14,7 @@ func TestHoldings(t *testing.T) {
 	client := netip.MustParseAddr("198.18.7.1")
 	conns := []conn{
 		{VIP: vip, VIPPort: 80, Client: client, ClientPort: 40000},
-		{VIP: vip, VIPPort: 22, Client: client, ClientPort: 40001},                             // default rule
+		{VIP: vip, VIPPort: 22, Client: client, ClientPort: 40001},                            // default rule
 		{VIP: netip.MustParseAddr("198.18.7.11"), VIPPort: 80, Client: client, ClientPort: 1}, // not a VIP
 	}
 	held := holdings(c, conns)

@@ -56,7 +56,7 @@ func (a *Agent) status() Status {
 	s := Status{
 		NodeID: a.self, NodeName: a.cfg.NodeName, Admin: "unknown",
 		Healthy: a.hc == nil || a.hc.healthy.Load(), Converged: st.Converged,
-		RulesIndex: a.rstate.Index, Connections: a.conns, Plugged: a.plugged,
+		RulesIndex: a.rstate.Index, TablesIndex: a.tablesIndex, Connections: a.conns, Plugged: a.plugged,
 		View:      ViewInfo{Eligible: nodeIDs(st.View.Eligible), RulesIndex: st.View.RulesIndex, Seed: st.View.Seed},
 		Accepting: map[filter.RuleID]int{}, Draining: map[filter.RuleID]int{}, Dirty: map[filter.RuleID]int{},
 		Live: []filter.NodeID{a.self},
@@ -67,7 +67,9 @@ func (a *Agent) status() Status {
 			s.HealthError = ""
 		}
 	}
-	if n := a.rstate.Node(a.self); n != nil {
+	// The admin state as replicated, which may be a step ahead of the
+	// tables: a command that returned has changed it.
+	if n := a.store.State().Node(a.self); n != nil {
 		s.Admin = n.Admin.String()
 	}
 	for _, p := range st.Peers {
