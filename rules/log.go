@@ -15,7 +15,11 @@ type hclogWriter struct {
 
 func (w hclogWriter) Write(p []byte) (int, error) {
 	for _, line := range bytes.Split(bytes.TrimRight(p, "\n"), []byte("\n")) {
-		if len(line) > 0 {
+		switch {
+		case len(line) == 0:
+		case bytes.Contains(line, []byte("[ERROR]")):
+			w.log.Error(string(line))
+		default:
 			w.log.Warn(string(line))
 		}
 	}

@@ -1,0 +1,27 @@
+package rules
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+func TestHCLogGoesToSlogAtWarn(t *testing.T) {
+	var buf bytes.Buffer
+	hl := newHCLogger(slog.New(slog.NewTextHandler(&buf, nil)))
+	hl.Info("election won")
+	hl.Debug("heartbeat sent")
+	hl.Warn("heartbeat timeout reached")
+	hl.Error("failed to contact", "peer", "n2")
+	out := buf.String()
+	if strings.Contains(out, "election won") || strings.Contains(out, "heartbeat sent") {
+		t.Errorf("info or debug lines got through:\n%s", out)
+	}
+	if !strings.Contains(out, "level=WARN") || !strings.Contains(out, "heartbeat timeout reached") {
+		t.Errorf("the warning is missing:\n%s", out)
+	}
+	if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "failed to contact") {
+		t.Errorf("the error is missing or not at error level:\n%s", out)
+	}
+}
