@@ -43,6 +43,7 @@ type Agent struct {
 	self        filter.NodeID
 	rstate      *rules.State
 	fcfg        *filter.Config
+	assigner    filter.Assigner // remembers each rule's table between views
 	machine     *heartbeat.Machine[filter.Set]
 	hbStatus    heartbeat.Status[filter.Set]
 	held        filter.Set
@@ -282,7 +283,7 @@ func (a *Agent) owned(v heartbeat.View) filter.Set {
 	for i, id := range v.Eligible {
 		elig[i] = filter.NodeID(id)
 	}
-	return filter.Assign(a.fcfg, elig).Owned(a.self)
+	return a.assigner.Assign(a.fcfg, elig).Owned(a.self)
 }
 
 // applyRules feeds a new rules state to the machine. Call with a.mu held.

@@ -104,14 +104,14 @@ func nodeIDs(ids []uint32) []filter.NodeID {
 
 func (a *Agent) query() Query {
 	a.mu.Lock()
-	rs, hb, fcfg, self := a.rstate, a.hbStatus, a.fcfg, a.self
+	rs, hb, self := a.rstate, a.hbStatus, a.self
+	owners := a.assigner.Assign(a.fcfg, nodeIDs(hb.View.Eligible))
 	a.mu.Unlock()
 	q := Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: settingInfo(rs.Settings)}
 	q.Leader, _ = a.store.Leader()
 	for _, v := range rs.VIPs {
 		q.VIPs = append(q.VIPs, v.String())
 	}
-	owners := filter.Assign(fcfg, nodeIDs(hb.View.Eligible))
 	peers := map[filter.NodeID]int{}
 	for i, p := range hb.Peers {
 		peers[filter.NodeID(p.ID)] = i

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 )
 
@@ -26,18 +27,61 @@ type Owners struct {
 // split is proportional, shares follow the weights for any set of failures,
 // not only on average.
 func Assign(c *Config, eligible []NodeID) *Owners {
+	return (*Assigner)(nil).Assign(c, eligible)
+}
+
+// Assigner computes Assign, remembering each rule's table so that a rule
+// whose inputs did not change is not computed again: adding a rule or
+// changing one node's weight on one rule recomputes that rule only. A nil
+// Assigner remembers nothing. It is not safe for concurrent use.
+type Assigner struct {
+	memo map[string]*[NumBuckets]NodeID // by ruleInputs
+	next map[string]*[NumBuckets]NodeID // filled during one Assign
+}
+
+// Assign is Assign with memory. The tables it returns are shared with later
+// calls and must not be modified.
+func (a *Assigner) Assign(c *Config, eligible []NodeID) *Owners {
 	elig := make(map[NodeID]bool, len(eligible))
 	for _, id := range eligible {
 		if c.Node(id) != nil {
 			elig[id] = true
 		}
 	}
+	if a != nil {
+		a.next = make(map[string]*[NumBuckets]NodeID, len(c.Rules))
+		defer func() { a.memo, a.next = a.next, nil }()
+	}
 	o := &Owners{Rules: make(map[RuleID]*[NumBuckets]NodeID, len(c.Rules)+1)}
 	o.Rules[DefaultRule] = fill(defaultHost(c, elig))
 	for i := range c.Rules {
-		o.Rules[c.Rules[i].ID] = assignRule(c, &c.Rules[i], elig)
+		r := &c.Rules[i]
+		if a == nil {
+			o.Rules[r.ID] = assignRule(c, r, elig)
+			continue
+		}
+		key := ruleInputs(c, r, elig)
+		t := a.memo[key]
+		if t == nil {
+			t = assignRule(c, r, elig)
+		}
+		a.next[key] = t
+		o.Rules[r.ID] = t
 	}
 	return o
+}
+
+// ruleInputs is everything a rule's table depends on, as a map key.
+func ruleInputs(c *Config, r *Rule, elig map[NodeID]bool) string {
+	b := make([]byte, 0, 32+len(c.Nodes)*16)
+	b = fmt.Appendf(b, "%d|%v|%d-%d|%d|%d|%d|%d|", c.Seed, r.VIP, r.PortLo, r.PortHi, r.Proto, r.Mode, r.Affinity, r.State)
+	b = fmt.Appendf(b, "%d|", r.ID)
+	for i := range c.Nodes {
+		n := &c.Nodes[i]
+		nr := n.RuleOf(r.ID)
+		b = fmt.Appendf(b, "%d:%t:%d:%d:%d,", n.ID, elig[n.ID], nr.Weight, nr.HandlingPriority, nr.State)
+	}
+	return string(b)
 }
 
 func fill(id NodeID) *[NumBuckets]NodeID {

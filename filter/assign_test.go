@@ -264,3 +264,51 @@ func TestDisabledAndDrainingRules(t *testing.T) {
 		t.Errorf("node drain moved %d buckets, want %d", moved, before.Owned(1)[1].Count())
 	}
 }
+
+func TestAssignerMatchesAssign(t *testing.T) {
+	c := testConfig(50, 50, 50, 50)
+	c.Rules = append(c.Rules, Rule{ID: 2, PortLo: 443, PortHi: 443, Proto: ProtoTCP, Mode: ModeMultiple})
+	var a Assigner
+	steps := []func(){
+		func() {},
+		func() { c.Nodes[1].Rules[1] = NodeRule{Weight: 100} },
+		func() { c.Rules = append(c.Rules, Rule{ID: 3, PortLo: 53, PortHi: 53, Proto: ProtoUDP}) },
+		func() { c.Seed++ },
+		func() { c.Rules[0].State = RuleDraining },
+	}
+	for i, step := range steps {
+		step()
+		for _, up := range [][]NodeID{{1, 2, 3, 4}, {1, 3}, {2, 3, 4}, {1, 2, 3, 4}} {
+			got, want := a.Assign(c, up), Assign(c, up)
+			for id, wt := range want.Rules {
+				if *got.Rules[id] != *wt {
+					t.Fatalf("step %d, eligible %v: rule %d differs from a fresh Assign", i, up, id)
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkAssignerOneRuleChanged(b *testing.B) {
+	c := testConfig(50, 50, 50)
+	for id := RuleID(2); id <= 20; id++ {
+		c.Rules = append(c.Rules, Rule{ID: id, PortLo: uint16(8000 + id), PortHi: uint16(8000 + id), Proto: ProtoTCP})
+	}
+	var a Assigner
+	a.Assign(c, ids(3))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c.Nodes[0].Rules[1] = NodeRule{Weight: 1 + i%100}
+		a.Assign(c, ids(3))
+	}
+}
+
+func BenchmarkAssignTwentyRules(b *testing.B) {
+	c := testConfig(50, 50, 50)
+	for id := RuleID(2); id <= 20; id++ {
+		c.Rules = append(c.Rules, Rule{ID: id, PortLo: uint16(8000 + id), PortHi: uint16(8000 + id), Proto: ProtoTCP})
+	}
+	for i := 0; i < b.N; i++ {
+		Assign(c, ids(3))
+	}
+}
