@@ -1,0 +1,108 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/shoalnet/shoal/rules"
+)
+
+// fakeControl answers the API with fixed results and records requests.
+type fakeControl struct {
+	err  error
+	last any
+}
+
+func (f *fakeControl) status() Status { return Status{NodeName: "n1"} }
+func (f *fakeControl) query() Query   { return Query{Self: "n1"} }
+func (f *fakeControl) params() Params { panic("params exploded") }
+func (f *fakeControl) setAdmin(_ context.Context, r AdminRequest) error {
+	f.last = r
+	return f.err
+}
+func (f *fakeControl) listRules() []RuleInfo { return nil }
+func (f *fakeControl) addRule(_ context.Context, r RuleRequest) (RuleInfo, error) {
+	f.last = r
+	return RuleInfo{ID: 7}, f.err
+}
+func (f *fakeControl) removeRule(_ context.Context, t string) error { f.last = t; return f.err }
+func (f *fakeControl) setRuleState(_ context.Context, r RuleStateRequest) error {
+	f.last = r
+	return f.err
+}
+func (f *fakeControl) setWeight(_ context.Context, r WeightRequest) error { f.last = r; return f.err }
+func (f *fakeControl) setPriority(_ context.Context, r PriorityRequest) error {
+	f.last = r
+	return f.err
+}
+func (f *fakeControl) leave(context.Context) error                { return f.err }
+func (f *fakeControl) plug(_ context.Context, r PlugRequest) error { f.last = r; return f.err }
+
+func TestControlAPI(t *testing.T) {
+	tests := []struct {
+		name, method, path, body string
+		err                      error
+		code                     int
+		contains                 string
+	}{
+		{"status", "GET", "/v1/status", "", nil, 200, `"node_name":"n1"`},
+		{"admin ok", "POST", "/v1/admin", `{"state":"draining"}`, nil, 204, ""},
+		{"not json", "POST", "/v1/admin", `{state:`, nil, 400, "bad request body"},
+		{"unknown field", "POST", "/v1/admin", `{"stat":"x"}`, nil, 400, "unknown field"},
+		{"wrong type", "POST", "/v1/weight", `{"weight":5}`, nil, 400, "bad request body"},
+		{"huge body", "POST", "/v1/admin", `{"node":"` + strings.Repeat("x", 2<<20) + `"}`, nil, 400, "bad request body"},
+		{"validation", "POST", "/v1/rules", `{"ports":"80"}`, fmt.Errorf("%w: overlaps rule 1", rules.ErrConflict), 400, "overlaps rule 1"},
+		{"bad input", "POST", "/v1/weight", `{"weight":"x"}`, badRequest("weight %q", "x"), 400, `weight \"x\"`},
+		{"unknown node", "POST", "/v1/admin", `{"node":"zz","state":"stopped"}`, fmt.Errorf("%w: no node zz", rules.ErrUnknownNode), 404, "no node zz"},
+		{"no quorum", "POST", "/v1/admin", `{"state":"stopped"}`, fmt.Errorf("%w: 1 of 3 voters", rules.ErrNoQuorum), 503, "1 of 3"},
+		{"rule created", "POST", "/v1/rules", `{"ports":"80"}`, nil, 201, `"id":7`},
+		{"remove", "DELETE", "/v1/rules/198.18.0.1:80", "", nil, 204, ""},
+		{"panic is a 500", "GET", "/v1/params", "", nil, 500, "params exploded"},
+		{"wrong method", "GET", "/v1/admin", "", nil, 405, ""},
+		{"no such path", "GET", "/v2/nothing", "", nil, 404, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := controlHandler(&fakeControl{err: tc.err})
+			req := httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.body))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tc.code || !strings.Contains(rec.Body.String(), tc.contains) {
+				t.Errorf("%s %s: %d %q, want %d containing %q", tc.method, tc.path, rec.Code, rec.Body.String(), tc.code, tc.contains)
+			}
+		})
+	}
+}
+
+func TestControlAPIPassesRequests(t *testing.T) {
+	f := &fakeControl{}
+	h := controlHandler(f)
+	req := httptest.NewRequest("POST", "/v1/rules/state", strings.NewReader(`{"target":"all","state":"draining","all_nodes":true}`))
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	want := RuleStateRequest{Target: "all", State: "draining", AllNodes: true}
+	if f.last != want {
+		t.Errorf("handler passed %+v, want %+v", f.last, want)
+	}
+	var _ http.Handler = h
+}
+
+func TestParsePorts(t *testing.T) {
+	tests := []struct {
+		in     string
+		lo, hi uint16
+		ok     bool
+	}{
+		{"80", 80, 80, true}, {"8000-8099", 8000, 8099, true}, {"0-65535", 0, 65535, true},
+		{"", 0, 0, false}, {"90-80", 0, 0, false}, {"65536", 0, 0, false}, {"a-b", 0, 0, false}, {"-5", 0, 0, false},
+	}
+	for _, tc := range tests {
+		lo, hi, err := parsePorts(tc.in)
+		if (err == nil) != tc.ok || lo != tc.lo || hi != tc.hi {
+			t.Errorf("parsePorts(%q) = %d, %d, %v", tc.in, lo, hi, err)
+		}
+	}
+}
