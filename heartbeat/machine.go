@@ -182,6 +182,11 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message) error {
 	}
 	if changed {
 		m.version++
+	} else if m.converged {
+		// The steady state: a live peer repeats itself and nothing that
+		// recompute derives can change (deadlines are Tick's).
+		m.now = now
+		return nil
 	}
 	m.recompute(now)
 	return nil
