@@ -20,9 +20,10 @@ type Runner[S any] struct {
 	now func() time.Time
 	log *slog.Logger
 
-	mu        sync.Mutex // guards m, peers, published
-	peers     map[uint32]netip.AddrPort
-	published uint64
+	mu         sync.Mutex // guards m, peers, published, sleepUntil
+	peers      map[uint32]netip.AddrPort
+	published  uint64
+	sleepUntil time.Time // when the loop will next run by itself
 
 	status  atomic.Pointer[Status[S]]
 	changed chan struct{}
@@ -100,14 +101,20 @@ func (r *Runner[S]) Run(ctx context.Context) error {
 	go func() {
 		recvErr <- r.t.Serve(func(msg *Message, from netip.AddrPort) {
 			r.mu.Lock()
-			err := r.m.Receive(r.now(), msg)
+			now := r.now()
+			err := r.m.Receive(now, msg)
+			// Wake the loop only if the machine now needs it sooner (a
+			// view change makes the next heartbeat due at once).
+			due := r.m.Wake().Before(r.sleepUntil)
 			r.publishLocked()
 			r.mu.Unlock()
 			if err != nil {
 				r.t.Reject(ReasonOf(err))
 				return
 			}
-			r.poke() // the view may have changed: the next send may be due now
+			if due {
+				r.poke()
+			}
 		})
 	}()
 	timer := time.NewTimer(0)
@@ -125,6 +132,7 @@ func (r *Runner[S]) Run(ctx context.Context) error {
 			}
 		}
 		wake := r.m.Wake()
+		r.sleepUntil = wake
 		r.publishLocked()
 		r.mu.Unlock()
 		if msg != nil {
