@@ -447,6 +447,10 @@ func (s *Store) leaderReady(ctx context.Context) error {
 		return err
 	}
 	s.readyTerm.Store(term)
+	// A leader that removed itself left no one to fill its voting seat.
+	if err := s.promoteNonvoter(ctx); err != nil {
+		s.log.Warn("promote a non-voter", "err", err)
+	}
 	return nil
 }
 
