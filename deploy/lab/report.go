@@ -45,9 +45,12 @@ func (r *Report) WriteText(w io.Writer) {
 	phase(w, "during", r.During)
 	phase(w, "after", r.After)
 	fmt.Fprintln(w)
-	if r.FailoverMS < 0 {
+	switch {
+	case r.Victim == "":
+		fmt.Fprintln(w, "no plug was pulled")
+	case r.FailoverMS < 0:
 		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: the survivors did NOT cover every bucket in time\n", r.Victim, r.PullAtMS)
-	} else {
+	default:
 		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: every bucket owned again after %.0f ms\n", r.Victim, r.PullAtMS, r.FailoverMS)
 	}
 	if r.Kept {
@@ -56,6 +59,10 @@ func (r *Report) WriteText(w io.Writer) {
 }
 
 func phase(w io.Writer, name string, res load.Result) {
+	if res.Requests == 0 {
+		fmt.Fprintf(w, "%-7s -\n", name)
+		return
+	}
 	fmt.Fprintf(w, "%-7s %6d requests %5d failed  %7.0f req/s  p50 %6.2f ms  p99 %7.2f ms  share %s\n",
 		name, res.Requests, res.Failures, res.RatePerSec, res.P50MS, res.P99MS, shares(res.Share))
 	if len(res.Errors) > 0 {

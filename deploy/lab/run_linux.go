@@ -155,13 +155,22 @@ func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Re
 		cmd.Stderr = io.MultiWriter(&errb, progress)
 	}
 	if err := cmd.Run(); err != nil {
-		return load.Result{}, fmt.Errorf("lab: load from the client: %w: %s", err, strings.TrimSpace(errb.String()))
+		if ctx.Err() != nil {
+			return load.Result{}, fmt.Errorf("lab: load from the client: %w", ctx.Err())
+		}
+		return load.Result{}, fmt.Errorf("lab: load from the client: %w: %s", err, lastLines(errb.String(), 5))
 	}
 	var r load.Result
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		return load.Result{}, fmt.Errorf("lab: load result: %w", err)
 	}
 	return r, nil
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // Neighbor returns the MAC the client's neighbour table holds for addr, ""

@@ -216,3 +216,30 @@ func TestParseNeigh(t *testing.T) {
 		}
 	}
 }
+
+func TestReportText(t *testing.T) {
+	tests := []struct {
+		name string
+		rep  Report
+		want []string // lines the text must hold
+	}{
+		{"aborted before the pull", Report{Lab: "shl0001", Nodes: 3, VIP: "198.18.1.100", ClusterMAC: "03:bf:c6:12:01:64", FailoverMS: -1},
+			[]string{"before  -", "no plug was pulled", "client resolved the VIP to - (WRONG, want 03:bf:c6:12:01:64)"}},
+		{"failover measured", Report{Lab: "shl0001", Nodes: 3, VIP: "198.18.1.100", ClusterMAC: "03:bf:c6:12:01:64",
+			ClientARP: "03:bf:c6:12:01:64", Victim: "node3", PullAtMS: 1001, FailoverMS: 1234},
+			[]string{"(as it should)", "plug pulled on node3 at 1001 ms: every bucket owned again after 1234 ms"}},
+		{"failover missed", Report{Lab: "shl0001", Victim: "node3", FailoverMS: -1},
+			[]string{"the survivors did NOT cover every bucket in time"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			tt.rep.WriteText(&b)
+			for _, w := range tt.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("report lacks %q:\n%s", w, b.String())
+				}
+			}
+		})
+	}
+}
