@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/deploy/drill"
+)
+
+var drillCommand = &cli.Command{
+	Name:      "drill",
+	Usage:     "pull a node's plug (or kill, drain, join, reweight it) under load and report what clients saw",
+	ArgsUsage: "plug|kill|drainstop|join|weight",
+	Description: "Sends HTTP GET requests to the VIP (new connections, or --keepalive) and, after\n" +
+		"--lead, acts on one node: plug (a pulled cable), kill (SIGKILL the agent, lab\n" +
+		"only), drainstop, join (the node is stopped first, then started) or weight\n" +
+		"(set its weight on the port rule to --weight). It prints a live progress line,\n" +
+		"then a timeline per 100 ms (successes, failures, p50/p99, responses per node and\n" +
+		"each node's share of accepted packets from the agents' counters), the time the\n" +
+		"cluster took to settle (the failover time) and every failed request.\n\n" +
+		"With --lab it builds a lab in network namespaces, runs the drill there and\n" +
+		"removes it (needs root). Otherwise it drills a real cluster: --vip (or --url)\n" +
+		"is the target, the global --socket the local agent, and plug reaches the node\n" +
+		"over the authenticated peer API (--peer ADDR --key-file F); its plug is put back\n" +
+		"at the end.",
+	Flags: []cli.Flag{
+		&cli.BoolFlag{Name: "lab", Usage: "build a lab, run the drill in it, remove it"},
+		&cli.IntFlag{Name: "nodes", Value: 3, Usage: "lab: number of nodes"},
+		&cli.DurationFlag{Name: "period", Usage: "lab: heartbeat period of the agents (default: the agent's)"},
+		&cli.StringFlag{Name: "binary", Hidden: true, Usage: "lab: the shoal binary the namespaces run (default: this one)"},
+		labBaseFlag,
+		&cli.StringFlag{Name: "vip", Usage: "cluster: the VIP to send traffic to"},
+		&cli.IntFlag{Name: "port", Value: 80, Usage: "cluster: the VIP's HTTP port"},
+		&cli.StringFlag{Name: "url", Usage: "cluster: the URL to GET (default http://VIP:PORT/)"},
+		&cli.StringFlag{Name: "node", Usage: "the node to act on (lab default: the last node)"},
+		&cli.StringFlag{Name: "peer", Usage: "cluster, plug: the node's peer API address (its peer_addr)"},
+		&cli.StringFlag{Name: "key-file", Value: "/etc/shoal/cluster.key", Usage: "cluster, plug: the cluster key"},
+		&cli.StringFlag{Name: "weight", Value: "0", Usage: "weight: the node's new weight on the port rule (0-100 or equal)"},
+		&cli.StringFlag{Name: "rule", Usage: "cluster, weight: the rule (default VIP:PORT)"},
+		&cli.DurationFlag{Name: "duration", Value: drillDefaults.Duration, Usage: "how long the traffic lasts"},
+		&cli.DurationFlag{Name: "lead", Value: drillDefaults.Lead, Usage: "traffic before the event"},
+		&cli.IntFlag{Name: "concurrency", Value: drillDefaults.Concurrency, Usage: "parallel workers"},
+		&cli.Float64Flag{Name: "rate", Usage: "requests per second over all workers (0: as fast as possible)"},
+		&cli.BoolFlag{Name: "keepalive", Usage: "reuse connections (default: a new connection per request)"},
+		&cli.DurationFlag{Name: "timeout", Value: drillDefaults.Timeout, Usage: "per request"},
+		&cli.DurationFlag{Name: "settle-timeout", Value: drill.DefaultSettleTimeout, Usage: "how long to wait for the cluster to settle"},
+		jsonFlag,
+		&cli.StringFlag{Name: "out-json", Usage: "also write the report as JSON to this file"},
+		&cli.StringFlag{Name: "out-svg", Usage: "write the plot as SVG to this file"},
+	},
+	Action: func(c *cli.Context) error {
+		arg, err := oneArg(c, "plug|kill|drainstop|join|weight")
+		if err != nil {
+			return err
+		}
+		sc, err := drill.ParseScenario(arg)
+		if err != nil {
+			return usageError("%v", err)
+		}
+		ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		tr := drill.Traffic{
+			Duration: c.Duration("duration"), Lead: c.Duration("lead"), Concurrency: c.Int("concurrency"),
+			Rate: c.Float64("rate"), KeepAlive: c.Bool("keepalive"), Timeout: c.Duration("timeout"),
+		}
+		rep, err := runDrill(ctx, c, sc, tr)
+		if rep != nil {
+			if werr := writeDrill(c, rep); werr != nil && err == nil {
+				err = werr
+			}
+		}
+		return err
+	},
+}
+
+// drillDefaults are the traffic defaults the flags show.
+var drillDefaults = drill.Traffic{Duration: 8e9, Lead: 2e9, Concurrency: 8, Timeout: 2e9}
+
+func runDrill(ctx context.Context, c *cli.Context, sc drill.Scenario, tr drill.Traffic) (*drill.Report, error) {
+	progress := c.App.ErrWriter
+	if c.Bool("lab") {
+		o := labOptions(c)
+		o.Log = nil // the drill's own progress lines say enough
+		return drill.RunLab(ctx, drill.LabOptions{
+			Scenario: sc, Traffic: tr, Lab: o, Node: c.String("node"), Weight: c.String("weight"),
+			SettleTimeout: c.Duration("settle-timeout"), Progress: progress,
+		})
+	}
+	url := c.String("url")
+	if url == "" {
+		if c.String("vip") == "" {
+			return nil, usageError("drill: give --lab, or --vip (or --url) of a real cluster")
+		}
+		url = fmt.Sprintf("http://%s:%d/", c.String("vip"), c.Int("port"))
+	}
+	var key []byte
+	if sc == drill.Plug {
+		if c.String("peer") == "" {
+			return nil, usageError("drill plug on a real cluster: give --peer ADDR (the node's peer_addr) and --key-file")
+		}
+		var err error
+		if key, err = agent.ReadKey(c.String("key-file")); err != nil {
+			return nil, err
+		}
+	}
+	return drill.RunCluster(ctx, drill.ClusterOptions{
+		Scenario: sc, Traffic: tr, URL: url, Socket: c.String("socket"), Node: c.String("node"),
+		Peer: c.String("peer"), Key: key, Weight: c.String("weight"), Rule: c.String("rule"),
+		SettleTimeout: c.Duration("settle-timeout"), Progress: progress,
+	})
+}
+
+// writeDrill prints the report (text, or JSON with --json) and writes the
+// files asked for.
+func writeDrill(c *cli.Context, rep *drill.Report) error {
+	var err error
+	if c.Bool("json") {
+		err = rep.WriteJSON(c.App.Writer)
+	} else {
+		err = rep.WriteText(c.App.Writer)
+	}
+	if err != nil {
+		return err
+	}
+	if p := c.String("out-json"); p != "" {
+		if err := writeFile(p, rep.WriteJSON); err != nil {
+			return err
+		}
+	}
+	if p := c.String("out-svg"); p != "" {
+		if err := writeFile(p, rep.WriteSVG); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return f.Close()
+}

@@ -1,0 +1,298 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+
+	"github.com/shoalnet/shoal/deploy/lab/load"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// Traffic is the load a drill sends while it runs.
+type Traffic struct {
+	Duration    time.Duration // the whole run; 8 s if zero
+	Lead        time.Duration // traffic before the event; 2 s if zero
+	Concurrency int           // parallel workers; 8 if zero
+	Rate        float64       // requests/s over all workers; 0 = as fast as possible
+	KeepAlive   bool          // reuse connections; otherwise one per request
+	Timeout     time.Duration // per request; 2 s if zero
+}
+
+func (t *Traffic) defaults() error {
+	if t.Duration == 0 {
+		t.Duration = 8 * time.Second
+	}
+	if t.Lead == 0 {
+		t.Lead = 2 * time.Second
+	}
+	if t.Concurrency == 0 {
+		t.Concurrency = 8
+	}
+	if t.Timeout == 0 {
+		t.Timeout = 2 * time.Second
+	}
+	if t.Lead >= t.Duration {
+		return fmt.Errorf("drill: the traffic (%v) must last longer than the lead before the event (%v)", t.Duration, t.Lead)
+	}
+	return nil
+}
+
+// ErrLabOnly is returned for a scenario a real cluster cannot run.
+var ErrLabOnly = errors.New("drill: kill needs --lab (on a real cluster, kill the agent yourself: kill -9 $(pidof shoal))")
+
+// DefaultSettleTimeout bounds the wait for the cluster to settle after the
+// event.
+const DefaultSettleTimeout = 15 * time.Second
+
+// ClusterOptions configure a drill against a real cluster. The load runs in
+// this process; the local agent's control socket drives the scenario and
+// tells when the cluster settled.
+type ClusterOptions struct {
+	Scenario Scenario
+	Traffic  Traffic
+	URL      string // http://VIP:port/
+	Socket   string // the local agent's control socket
+	Node     string // the node the scenario acts on
+	// Peer is the node's peer API address (its peer_addr) and Key the
+	// cluster key, for plug: the node is told over the authenticated peer
+	// API to stop heartbeating and drop every VIP packet.
+	Peer string
+	Key  []byte
+	// Weight is the weight the weight scenario sets (0-100 or "equal"); 0
+	// if empty. Rule is the rule it sets it on; the URL's host:port if
+	// empty.
+	Weight        string
+	Rule          string
+	SettleTimeout time.Duration // DefaultSettleTimeout if zero
+	Progress      io.Writer     // live progress lines; none if nil
+}
+
+// RunCluster runs a drill against a real cluster: traffic to o.URL, the
+// scenario on o.Node after o.Traffic.Lead, and a report. A pulled plug is
+// put back at the end.
+func RunCluster(ctx context.Context, o ClusterOptions) (*Report, error) {
+	if err := o.Traffic.defaults(); err != nil {
+		return nil, err
+	}
+	if o.SettleTimeout == 0 {
+		o.SettleTimeout = DefaultSettleTimeout
+	}
+	if o.Scenario == Kill {
+		return nil, ErrLabOnly
+	}
+	if o.Node == "" {
+		return nil, errors.New("drill: name the node to act on (--node)")
+	}
+	if o.Scenario == Plug && (o.Peer == "" || len(o.Key) == 0) {
+		return nil, errors.New("drill: plug on a real cluster needs the node's peer API address (--peer) and the cluster key (--key-file)")
+	}
+	u, err := url.Parse(o.URL)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("drill: bad URL %q", o.URL)
+	}
+	if o.Rule == "" {
+		o.Rule = u.Host
+		if u.Port() == "" {
+			o.Rule += ":80"
+		}
+	}
+	if o.Weight == "" {
+		o.Weight = "0"
+	}
+	local := newAgentAPI(o.Socket)
+	q, err := local.query(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var victim uint32
+	var names []string
+	for _, n := range q.Nodes {
+		names = append(names, n.Name)
+		if n.Name == o.Node {
+			victim = n.ID
+		}
+	}
+	if victim == 0 {
+		return nil, fmt.Errorf("drill: no node %q in the cluster (nodes: %v)", o.Node, names)
+	}
+	self, err := local.status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if o.Scenario == Join {
+		// A join needs a stopped node: stop it and let the cluster settle.
+		progress(o.Progress, "stopping %s before the traffic, for the join", o.Node)
+		if err := local.post(ctx, "/v1/admin", map[string]string{"node": o.Node, "state": "stopped"}); err != nil {
+			return nil, err
+		}
+		if _, err := waitSettled(ctx, time.Now(), o.SettleTimeout, func() error { return clusterSettled(ctx, local, victim, true, 0) }); err != nil {
+			return nil, fmt.Errorf("drill: cluster did not settle after stopping %s: %w", o.Node, err)
+		}
+	}
+
+	var plugged bool
+	defer func() {
+		if plugged {
+			if err := peerPlug(context.Background(), o.Peer, o.Key, false); err != nil {
+				progress(o.Progress, "could not put %s's plug back: %v (run `shoal plug restore` on it)", o.Node, err)
+			}
+		}
+	}()
+	smp := startSampler(ctx, map[string]*agentAPI{self.NodeName: local}, 100*time.Millisecond)
+	type loadOut struct {
+		res load.Result
+		err error
+	}
+	done := make(chan loadOut, 1)
+	go func() {
+		r, err := load.Run(ctx, load.Options{
+			URL: o.URL, Concurrency: o.Traffic.Concurrency, Rate: o.Traffic.Rate, Duration: o.Traffic.Duration,
+			KeepAlive: o.Traffic.KeepAlive, Timeout: o.Traffic.Timeout,
+			Progress: func(p load.Progress) { progress(o.Progress, "%s", p) },
+		})
+		done <- loadOut{r, err}
+	}()
+	rep := &Report{}
+	event, settleErr := func() (time.Time, error) {
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(o.Traffic.Lead):
+		}
+		event := time.Now()
+		progress(o.Progress, "%s %s", o.Scenario.verb(), o.Node)
+		var minIndex uint64
+		switch o.Scenario {
+		case Plug:
+			if err := peerPlug(ctx, o.Peer, o.Key, true); err != nil {
+				return event, err
+			}
+			plugged = true
+		case Drainstop:
+			if err := local.post(ctx, "/v1/admin", map[string]string{"node": o.Node, "state": "draining"}); err != nil {
+				return event, err
+			}
+		case Join:
+			if err := local.post(ctx, "/v1/admin", map[string]string{"node": o.Node, "state": "started"}); err != nil {
+				return event, err
+			}
+		case Weight:
+			if err := local.post(ctx, "/v1/weight", map[string]string{"rule": o.Rule, "node": o.Node, "weight": o.Weight}); err != nil {
+				return event, err
+			}
+			st, err := local.status(ctx)
+			if err != nil {
+				return event, err
+			}
+			minIndex = st.RulesIndex
+		}
+		d, err := waitSettled(ctx, event, o.SettleTimeout, func() error {
+			return clusterSettled(ctx, local, victim, o.Scenario.LosesNode(), minIndex)
+		})
+		if err == nil {
+			rep.SettledMS = ms(d)
+			progress(o.Progress, "settled %.0f ms after the event", rep.SettledMS)
+		}
+		return event, err
+	}()
+	out := <-done
+	samples := smp.Stop()
+	if out.err != nil {
+		return nil, out.err
+	}
+	settled := rep.SettledMS
+	*rep = NewReport(out.res, samples)
+	if settleErr == nil {
+		rep.SettledMS = settled
+	}
+	rep.Scenario, rep.Target, rep.URL, rep.Node, rep.Nodes = o.Scenario, "cluster", o.URL, o.Node, names
+	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
+	rep.KeepAlive, rep.Concurrency, rep.Rate = o.Traffic.KeepAlive, o.Traffic.Concurrency, o.Traffic.Rate
+	rep.Settled = settledWhat(o.Scenario, "the local agent converged on a view")
+	if !event.IsZero() {
+		rep.EventAtMS = ms(event.Sub(out.res.Start))
+	}
+	if settleErr != nil {
+		return rep, fmt.Errorf("drill: %w", settleErr)
+	}
+	return rep, nil
+}
+
+// settledWhat says what "settled" measured.
+func settledWhat(s Scenario, how string) string {
+	switch s {
+	case Plug, Kill, Drainstop:
+		return "failover: " + how + " without the node, every bucket owned again"
+	case Join:
+		return "joined: " + how + " with the node, every bucket owned"
+	}
+	return "rebalanced: " + how + " with the new weight"
+}
+
+// clusterSettled checks, from the local agent, that it has converged on a
+// view with (or, if gone, without) node victim at rules index >= minIndex.
+func clusterSettled(ctx context.Context, a *agentAPI, victim uint32, gone bool, minIndex uint64) error {
+	st, err := a.status(ctx)
+	if err != nil {
+		return err
+	}
+	in := slices.Contains(st.View.Eligible, victim)
+	switch {
+	case !st.Converged:
+		return errors.New("not converged")
+	case gone && in:
+		return fmt.Errorf("node %d still in the view", victim)
+	case !gone && !in:
+		return fmt.Errorf("node %d not in the view", victim)
+	case st.RulesIndex < minIndex:
+		return fmt.Errorf("rules index %d, want %d", st.RulesIndex, minIndex)
+	}
+	return nil
+}
+
+// peerPlug pulls or restores a node's plug over the authenticated peer API.
+func peerPlug(ctx context.Context, peer string, key []byte, pulled bool) error {
+	b, _ := json.Marshal(map[string]bool{"pulled": pulled})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+peer+"/v1/peer/plug", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	c := rules.NewPeerClient(key)
+	c.Timeout = 5 * time.Second
+	return doJSON(c, req, "peer "+peer)
+}
+
+// waitSettled polls check every 20 ms until it passes and returns how long
+// after from that was; on timeout the error carries check's last answer.
+func waitSettled(ctx context.Context, from time.Time, timeout time.Duration, check func() error) (time.Duration, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return time.Since(from), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("not settled after %v: %w", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func progress(w io.Writer, format string, a ...any) {
+	if w != nil {
+		fmt.Fprintf(w, "drill: "+format+"\n", a...)
+	}
+}

@@ -1,0 +1,270 @@
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/shoalnet/shoal/deploy/lab"
+	"github.com/shoalnet/shoal/deploy/lab/load"
+)
+
+// LabOptions configure a drill in a lab built for it.
+type LabOptions struct {
+	Scenario Scenario
+	Traffic  Traffic
+	Lab      lab.Options // the lab to build
+	// Node is the node the scenario acts on; the last node if empty.
+	Node string
+	// Weight is what the weight scenario sets the node's weight on the
+	// VIP's port rule to (0-100 or "equal"); 0 if empty.
+	Weight        string
+	SettleTimeout time.Duration // DefaultSettleTimeout if zero
+	Progress      io.Writer     // live progress lines; none if nil
+}
+
+// RunLab builds a lab, sends traffic from its client to the VIP, applies
+// the scenario to one node after o.Traffic.Lead, measures how long the
+// cluster takes to settle, and removes the lab, also on failure. plug sets
+// the node's switch port down; kill sends SIGKILL to its agent; drainstop
+// drains it; join starts it after it was stopped before the traffic;
+// weight sets its weight on the port rule.
+func RunLab(ctx context.Context, o LabOptions) (rep *Report, err error) {
+	if err := o.Traffic.defaults(); err != nil {
+		return nil, err
+	}
+	if o.SettleTimeout == 0 {
+		o.SettleTimeout = DefaultSettleTimeout
+	}
+	if o.Weight == "" {
+		o.Weight = "0"
+	}
+	if o.Lab.Nodes == 0 {
+		o.Lab.Nodes = 3
+	}
+	if o.Lab.Nodes < 2 && o.Scenario != Weight {
+		return nil, fmt.Errorf("drill: %s needs at least 2 nodes", o.Scenario)
+	}
+	progress(o.Progress, "building a %d-node lab", o.Lab.Nodes)
+	l, err := lab.Up(ctx, o.Lab)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if derr := l.Down(context.Background()); derr != nil {
+			err = errors.Join(err, fmt.Errorf("lab down: %w", derr))
+		}
+	}()
+	d := &labDrill{l: l, o: o, ctl: lab.Ctl{Binary: l.Binary}}
+	return d.run(ctx)
+}
+
+type labDrill struct {
+	l      *lab.Lab
+	o      LabOptions
+	ctl    lab.Ctl
+	victim lab.Host
+	other  lab.Host // a node that stays: the CLI talks to its agent
+	rules  []string
+}
+
+func (d *labDrill) run(ctx context.Context) (*Report, error) {
+	l, o := d.l, d.o
+	if o.Node == "" {
+		o.Node = l.Nodes[len(l.Nodes)-1].Name
+	}
+	var ok bool
+	if d.victim, ok = l.HostByName(o.Node); !ok || d.victim.Name == l.Client.Name {
+		return nil, fmt.Errorf("drill: no node %q in the lab", o.Node)
+	}
+	d.other = l.Nodes[0]
+	if d.other.Name == d.victim.Name && len(l.Nodes) > 1 {
+		d.other = l.Nodes[1]
+	}
+	agents := map[string]*agentAPI{}
+	var names []string
+	for _, n := range l.Nodes {
+		agents[n.Name] = newAgentAPI(n.Socket)
+		names = append(names, n.Name)
+	}
+	q, err := agents[d.other.Name].query(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := l.Statuses(ctx, l.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	d.rules = lab.RuleIDs(st)
+	victimID := st[slices.IndexFunc(l.Nodes, func(h lab.Host) bool { return h.Name == d.victim.Name })].NodeID
+
+	if o.Scenario == Join {
+		progress(o.Progress, "stopping %s before the traffic, for the join", d.victim.Name)
+		if _, err := d.ctl.Run(ctx, d.other.Socket, "stop", "--node", d.victim.Name); err != nil {
+			return nil, err
+		}
+		if _, err := waitSettled(ctx, time.Now(), o.SettleTimeout, func() error {
+			return d.without(ctx, victimID)
+		}); err != nil {
+			return nil, fmt.Errorf("drill: the lab did not settle with %s stopped: %w", d.victim.Name, err)
+		}
+	}
+
+	smp := startSampler(ctx, agents, 100*time.Millisecond)
+	type loadOut struct {
+		res load.Result
+		err error
+	}
+	done := make(chan loadOut, 1)
+	go func() {
+		r, err := l.Load(ctx, lab.LoadArgs{
+			Duration: o.Traffic.Duration, Concurrency: o.Traffic.Concurrency, Rate: o.Traffic.Rate,
+			KeepAlive: o.Traffic.KeepAlive, Timeout: o.Traffic.Timeout,
+		}, o.Progress)
+		done <- loadOut{r, err}
+	}()
+	var settled time.Duration
+	event, settleErr := func() (time.Time, error) {
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(o.Traffic.Lead):
+		}
+		event := time.Now()
+		progress(o.Progress, "%s %s", o.Scenario.verb(), d.victim.Name)
+		check, err := d.act(ctx, victimID)
+		if err != nil {
+			return event, err
+		}
+		settled, err = waitSettled(ctx, event, o.SettleTimeout, check)
+		if err == nil {
+			progress(o.Progress, "settled %.0f ms after the event", ms(settled))
+		}
+		return event, err
+	}()
+	out := <-done
+	samples := smp.Stop()
+	if out.err != nil {
+		return nil, errors.Join(out.err, settleErr)
+	}
+	r := NewReport(out.res, samples)
+	rep := &r
+	if settleErr == nil {
+		rep.SettledMS = ms(settled)
+	}
+	rep.Scenario, rep.Target, rep.Node, rep.Nodes = o.Scenario, fmt.Sprintf("lab %s (%d nodes)", l.ID, len(l.Nodes)), d.victim.Name, names
+	rep.URL = fmt.Sprintf("http://%s:%d/", l.VIP, lab.HTTPPort)
+	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
+	rep.KeepAlive, rep.Concurrency, rep.Rate = o.Traffic.KeepAlive, o.Traffic.Concurrency, o.Traffic.Rate
+	rep.Settled = settledWhat(o.Scenario, "every node converged")
+	if !event.IsZero() {
+		rep.EventAtMS = ms(event.Sub(out.res.Start))
+	}
+	if settleErr != nil {
+		return rep, fmt.Errorf("drill: %w", settleErr)
+	}
+	return rep, nil
+}
+
+// act applies the scenario and returns the check that passes once the
+// cluster has settled after it.
+func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, error) {
+	l, name := d.l, d.victim.Name
+	switch d.o.Scenario {
+	case Plug:
+		if err := l.Pull(ctx, name); err != nil {
+			return nil, err
+		}
+		return func() error { return d.without(ctx, victimID) }, nil
+	case Kill:
+		// The newest agent process of the node: a join may have restarted it.
+		var p lab.Proc
+		for _, q := range slices.Backward(l.Procs) {
+			if q.Host == name && q.Role == "agent" {
+				p = q
+				break
+			}
+		}
+		if p.PID == 0 {
+			return nil, fmt.Errorf("drill: no agent process of %s", name)
+		}
+		if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
+			return nil, fmt.Errorf("drill: kill %s's agent (pid %d): %w", name, p.PID, err)
+		}
+		return func() error { return d.without(ctx, victimID) }, nil
+	case Drainstop:
+		if _, err := d.ctl.Run(ctx, d.other.Socket, "drainstop", "--node", name, "--no-wait"); err != nil {
+			return nil, err
+		}
+		return func() error { return d.without(ctx, victimID) }, nil
+	case Join:
+		if _, err := d.ctl.Run(ctx, d.other.Socket, "start", "--node", name); err != nil {
+			return nil, err
+		}
+		return func() error { return d.all(ctx, 0, victimID) }, nil
+	case Weight:
+		rule := fmt.Sprintf("%s:%d", l.VIP, lab.HTTPPort)
+		if _, err := d.ctl.Run(ctx, d.other.Socket, "weight", "set", rule, name, d.o.Weight); err != nil {
+			return nil, err
+		}
+		st, err := d.ctl.Status(ctx, d.other.Socket)
+		if err != nil {
+			return nil, err
+		}
+		return func() error { return d.all(ctx, st.RulesIndex, 0) }, nil
+	}
+	return nil, fmt.Errorf("drill: unknown scenario %q", d.o.Scenario)
+}
+
+// without passes when every node but the victim has converged on a view
+// without it and together they accept every bucket.
+func (d *labDrill) without(ctx context.Context, victimID uint32) error {
+	var rest []lab.Host
+	for _, n := range d.l.Nodes {
+		if n.Name != d.victim.Name {
+			rest = append(rest, n)
+		}
+	}
+	st, err := d.l.Statuses(ctx, rest)
+	if err != nil {
+		return err
+	}
+	return lab.Covered(st, d.rules, victimID)
+}
+
+// all passes when every node has converged on one view of them all at
+// rules index >= minIndex and together they accept every bucket exactly
+// once; with mustAccept, that node accepts some.
+func (d *labDrill) all(ctx context.Context, minIndex uint64, mustAccept uint32) error {
+	st, err := d.l.Statuses(ctx, d.l.Nodes)
+	if err != nil {
+		return err
+	}
+	if err := lab.RulesAt(st, minIndex); err != nil {
+		return err
+	}
+	if err := lab.Ready(st, len(d.l.Nodes)); err != nil {
+		return err
+	}
+	if err := lab.CoverFull(st, d.rules); err != nil {
+		return err
+	}
+	if mustAccept != 0 {
+		for _, s := range st {
+			if s.NodeID == mustAccept {
+				var n int
+				for _, c := range s.Accepting {
+					n += c
+				}
+				if n == 0 {
+					return fmt.Errorf("%s accepts no bucket yet", s.NodeName)
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,64 @@
+package drill
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Scenario is the event a drill applies to one node while traffic flows.
+type Scenario string
+
+// The scenarios a drill knows.
+const (
+	// Plug makes the node look like a pulled cable: in the lab its switch
+	// port goes down; on a real cluster its agent is told over the peer API
+	// to stop heartbeating and drop every VIP packet.
+	Plug Scenario = "plug"
+	// Kill sends SIGKILL to the node's agent (lab only).
+	Kill Scenario = "kill"
+	// Drainstop drains the node: its connections finish, new ones go to
+	// the others.
+	Drainstop Scenario = "drainstop"
+	// Join starts a node that was stopped before the traffic began.
+	Join Scenario = "join"
+	// Weight sets the node's weight on the VIP's port rule.
+	Weight Scenario = "weight"
+)
+
+// Scenarios lists every scenario, in the order the CLI shows them.
+var Scenarios = []Scenario{Plug, Kill, Drainstop, Join, Weight}
+
+// ParseScenario returns the scenario called s.
+func ParseScenario(s string) (Scenario, error) {
+	for _, sc := range Scenarios {
+		if string(sc) == s {
+			return sc, nil
+		}
+	}
+	names := make([]string, len(Scenarios))
+	for i, sc := range Scenarios {
+		names[i] = string(sc)
+	}
+	return "", fmt.Errorf("drill: unknown scenario %q (want %s)", s, strings.Join(names, ", "))
+}
+
+// verb says what happened to the node, for reports and plot labels.
+func (s Scenario) verb() string {
+	switch s {
+	case Plug:
+		return "plug pulled on"
+	case Kill:
+		return "agent killed on"
+	case Drainstop:
+		return "drainstop of"
+	case Join:
+		return "join of"
+	case Weight:
+		return "weight change of"
+	}
+	return string(s) + " of"
+}
+
+// LosesNode reports whether the scenario takes the node out of the cluster
+// (its buckets must move to the others).
+func (s Scenario) LosesNode() bool { return s == Plug || s == Kill || s == Drainstop }
