@@ -35,6 +35,14 @@ func TestSimNoFlapUnderLoss(t *testing.T) {
 		}
 	}
 	t.Logf("no false death over %.0f link-periods (20%% loss, P=%v, T=%d)", periods, DefaultPeriod, DefaultTolerance)
+
+	// For comparison, DESIGN.md's first guess (P=200ms, T=5) under the
+	// same loss: logged, not asserted, to justify the defaults.
+	s := newSim(t, 8, Config{Period: 200 * time.Millisecond, Tolerance: 5}, 999)
+	start := s.startAll(3 * time.Second)
+	s.setAllLinks(func(l *simLink) { l.loss = 0.2 })
+	s.run(start + 120*time.Second)
+	t.Logf("P=200ms T=5, n=8, 120s at 20%% loss: %d false deaths", s.totalDeaths())
 }
 
 // TestSimAsymmetricPartition: a node whose heartbeats nobody hears, while it
