@@ -138,6 +138,7 @@ var labRunCommand = &cli.Command{
 		&cli.DurationFlag{Name: "duration", Value: 3 * time.Second, Usage: "length of each traffic phase"},
 		&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "parallel client connections"},
 		&cli.Float64Flag{Name: "rate", Usage: "requests per second (0: as fast as the client can)"},
+		&cli.IntFlag{Name: "pulls", Value: 1, Usage: "plugs to pull: the first under traffic, the rest one after the other for a failover distribution"},
 		&cli.BoolFlag{Name: "keep", Usage: "leave the lab up after the run"},
 		jsonFlag,
 	}, labBuildFlags...),
@@ -150,6 +151,7 @@ var labRunCommand = &cli.Command{
 			Concurrency: c.Int("concurrency"),
 			Rate:        c.Float64("rate"),
 			Keep:        c.Bool("keep"),
+			Pulls:       c.Int("pulls"),
 			Progress:    c.App.ErrWriter,
 		})
 		if rep != nil {

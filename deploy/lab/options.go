@@ -40,10 +40,14 @@ type Lab struct {
 // RunOptions configure `shoal lab run`.
 type RunOptions struct {
 	Options
-	Duration        time.Duration // each traffic phase; 3 s if zero
-	Concurrency     int           // load workers; 8 if zero
-	Rate            float64       // requests/s over all workers; 0 = as fast as possible
-	Keep            bool          // leave the lab up afterwards
+	Duration    time.Duration // each traffic phase; 3 s if zero
+	Concurrency int           // load workers; 8 if zero
+	Rate        float64       // requests/s over all workers; 0 = as fast as possible
+	Keep        bool          // leave the lab up afterwards
+	// Pulls is how many plugs to pull (1 if zero). The first is pulled under
+	// traffic; each further one, without traffic, after plugging the last
+	// victim back in, on the next node, for a distribution of failover times.
+	Pulls           int
 	FailoverTimeout time.Duration // how long to wait for the survivors; 10 s if zero
 	Progress        io.Writer     // live progress lines; none if nil
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/shoalnet/shoal/deploy/lab/load"
 )
@@ -22,11 +23,16 @@ type Report struct {
 	// FailoverMS is the time from the pull until every bucket of every rule
 	// was accepted again by the survivors, all converged without the victim;
 	// -1 if that did not happen within the timeout.
-	FailoverMS float64     `json:"failover_ms"`
-	Before     load.Result `json:"before"`
-	During     load.Result `json:"during"`
-	After      load.Result `json:"after"`
-	Kept       bool        `json:"kept,omitempty"`
+	FailoverMS float64 `json:"failover_ms"`
+	// Failovers holds every pull's failover time, the first one included.
+	Failovers     []float64   `json:"failovers_ms,omitempty"`
+	FailoverP50MS float64     `json:"failover_p50_ms,omitempty"`
+	FailoverP99MS float64     `json:"failover_p99_ms,omitempty"`
+	FailoverMaxMS float64     `json:"failover_max_ms,omitempty"`
+	Before        load.Result `json:"before"`
+	During        load.Result `json:"during"`
+	After         load.Result `json:"after"`
+	Kept          bool        `json:"kept,omitempty"`
 }
 
 // WriteText prints the report for a person.
@@ -53,9 +59,27 @@ func (r *Report) WriteText(w io.Writer) {
 	default:
 		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: every bucket owned again after %.0f ms\n", r.Victim, r.PullAtMS, r.FailoverMS)
 	}
+	if len(r.Failovers) > 1 {
+		fmt.Fprintf(w, "%d pulls: failover p50 %.0f ms, p99 %.0f ms, max %.0f ms\n",
+			len(r.Failovers), r.FailoverP50MS, r.FailoverP99MS, r.FailoverMaxMS)
+	}
 	if r.Kept {
 		fmt.Fprintf(w, "the lab is still up: `shoal lab status %s`, `shoal lab down %s`\n", r.Lab, r.Lab)
 	}
+}
+
+// summarizeFailovers fills in the failover percentiles (nearest rank).
+func (r *Report) summarizeFailovers() {
+	if len(r.Failovers) == 0 {
+		return
+	}
+	d := make([]time.Duration, len(r.Failovers))
+	for i, f := range r.Failovers {
+		d[i] = time.Duration(f * float64(time.Millisecond))
+	}
+	r.FailoverP50MS = ms(load.Percentile(d, 50))
+	r.FailoverP99MS = ms(load.Percentile(d, 99))
+	r.FailoverMaxMS = ms(d[len(d)-1]) // Percentile sorted d
 }
 
 func phase(w io.Writer, name string, res load.Result) {
@@ -103,3 +127,5 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

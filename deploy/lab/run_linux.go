@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,7 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 		rep.Period = o.Period.String()
 	}
 	defer func() {
+		rep.summarizeFailovers()
 		if o.Keep && err == nil {
 			rep.Kept = true
 			return
@@ -86,22 +88,14 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	case <-time.After(lead):
 	}
 	pulled := time.Now()
-	rep.PullAtMS = float64(pulled.Sub(loadStart)) / float64(time.Millisecond)
+	rep.PullAtMS = ms(pulled.Sub(loadStart))
 	if err := l.Pull(ctx, rep.Victim); err != nil {
 		return rep, err
 	}
-	var last error
-	perr := poll(ctx, o.FailoverTimeout, 20*time.Millisecond, func() error {
-		st, err := l.Statuses(ctx, survivors)
-		if err != nil {
-			last = err
-			return err
-		}
-		last = Covered(st, rules, dead)
-		return last
-	})
+	failover, perr := l.waitCovered(ctx, survivors, rules, dead, pulled, o.FailoverTimeout)
 	if perr == nil {
-		rep.FailoverMS = float64(time.Since(pulled)) / float64(time.Millisecond)
+		rep.FailoverMS = ms(failover)
+		rep.Failovers = append(rep.Failovers, rep.FailoverMS)
 		l.progress(o.Progress, "every bucket owned again %.0f ms after the pull", rep.FailoverMS)
 	}
 	out := <-done
@@ -110,14 +104,79 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 		return rep, out.err
 	}
 	if perr != nil {
-		return rep, fmt.Errorf("lab: the survivors did not cover %s's buckets: %w (last: %v)", rep.Victim, perr, last)
+		return rep, perr
 	}
 
 	l.progress(o.Progress, "traffic after the failover (%v)", o.Duration)
 	if rep.After, err = l.Load(ctx, la, o.Progress); err != nil {
 		return rep, err
 	}
+
+	// Further pulls, without traffic, each on the next node (the Raft
+	// leader node1 included), for a failover distribution.
+	for i := 1; i < o.Pulls; i++ {
+		if err := l.Plug(ctx, l.Nodes[victim].Name); err != nil {
+			return rep, err
+		}
+		victim = (victim + len(l.Nodes) - 1) % len(l.Nodes)
+		if err := l.waitAllCovered(ctx, rules, o.ReadyTimeout); err != nil {
+			return rep, fmt.Errorf("lab: after plugging back: %w", err)
+		}
+		st, err := l.Statuses(ctx, l.Nodes)
+		if err != nil {
+			return rep, err
+		}
+		dead := st[victim].NodeID
+		survivors := append(slices.Clone(l.Nodes[:victim]), l.Nodes[victim+1:]...)
+		pulled := time.Now()
+		if err := l.Pull(ctx, l.Nodes[victim].Name); err != nil {
+			return rep, err
+		}
+		d, err := l.waitCovered(ctx, survivors, rules, dead, pulled, o.FailoverTimeout)
+		if err != nil {
+			return rep, err
+		}
+		rep.Failovers = append(rep.Failovers, ms(d))
+		l.progress(o.Progress, "pull %d/%d (%s): every bucket owned again after %.0f ms", i+1, o.Pulls, l.Nodes[victim].Name, ms(d))
+	}
 	return rep, nil
+}
+
+// waitCovered polls the survivors every 20 ms until they cover every
+// bucket without node dead, and returns the time since pulled.
+func (l *Lab) waitCovered(ctx context.Context, survivors []Host, rules []string, dead uint32, pulled time.Time, timeout time.Duration) (time.Duration, error) {
+	var last error
+	err := poll(ctx, timeout, 20*time.Millisecond, func() error {
+		st, err := l.Statuses(ctx, survivors)
+		if err != nil {
+			last = err
+			return err
+		}
+		last = Covered(st, rules, dead)
+		return last
+	})
+	if err != nil {
+		return 0, fmt.Errorf("lab: the survivors did not cover node %d's buckets: %w (last: %v)", dead, err, last)
+	}
+	return time.Since(pulled), nil
+}
+
+// waitAllCovered waits until every node is converged on a view of them all
+// and together they accept every bucket of every rule exactly once.
+func (l *Lab) waitAllCovered(ctx context.Context, rules []string, timeout time.Duration) error {
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	return poll(ctx, timeout, 50*time.Millisecond, func() error {
+		st, err := l.Statuses(ctx, l.Nodes)
+		if err != nil {
+			return err
+		}
+		if err := Ready(st, len(l.Nodes)); err != nil {
+			return err
+		}
+		return CoverFull(st, rules)
+	})
 }
 
 func (l *Lab) progress(w io.Writer, format string, a ...any) {
