@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,6 +93,8 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		NodeName: cfg.NodeName, DataDir: cfg.DataDir, RaftBind: cfg.RaftAddr,
 		HeartbeatAddr: cfg.HeartbeatAddr, APIAddr: cfg.PeerAddr, Key: key,
 		Bootstrap: cfg.Bootstrap, Logger: log,
+		HeartbeatPeriod:    cmp.Or(cfg.HeartbeatPeriod, heartbeat.DefaultPeriod),
+		HeartbeatTolerance: heartbeat.DefaultTolerance,
 	})
 	if err != nil {
 		return err
@@ -260,13 +263,9 @@ func (a *Agent) awaitRegistration(ctx context.Context) error {
 // it takes anything.
 func (a *Agent) newMachine(now time.Time) error {
 	st := a.rstate
-	period := st.Settings.HeartbeatPeriod
-	if a.cfg.HeartbeatPeriod > 0 {
-		period = a.cfg.HeartbeatPeriod
-	}
 	m, err := heartbeat.NewMachine(heartbeat.Config{
 		ClusterID: st.Settings.ClusterID, Self: uint32(a.self), Key: a.key,
-		Period: period, Tolerance: st.Settings.HeartbeatTolerance,
+		Period: st.Settings.HeartbeatPeriod, Tolerance: st.Settings.HeartbeatTolerance,
 	}.WithDefaults(), now, a.owned, func(x, y filter.Set) filter.Set { return x.Intersect(y) })
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)

@@ -39,7 +39,7 @@ func (f *fakeControl) setPriority(_ context.Context, r PriorityRequest) error {
 	f.last = r
 	return f.err
 }
-func (f *fakeControl) leave(context.Context) error                { return f.err }
+func (f *fakeControl) leave(context.Context) error                 { return f.err }
 func (f *fakeControl) plug(_ context.Context, r PlugRequest) error { f.last = r; return f.err }
 
 func TestControlAPI(t *testing.T) {

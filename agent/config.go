@@ -31,7 +31,7 @@ type Config struct {
 	MetricsAddr     string        `yaml:"metrics_addr"`
 	Bootstrap       bool          `yaml:"bootstrap"`
 	Join            []string      `yaml:"join"`
-	HeartbeatPeriod time.Duration `yaml:"heartbeat_period"`
+	HeartbeatPeriod time.Duration `yaml:"heartbeat_period"` // a new cluster's heartbeat period (bootstrap only)
 	Health          HealthConfig  `yaml:"health"`
 }
 

@@ -11,10 +11,11 @@ import (
 	"github.com/shoalnet/shoal/filter"
 )
 
-// Defaults for the heartbeat settings a new cluster starts with.
+// Defaults for the heartbeat settings a new cluster starts with when the
+// bootstrapping node names none (the agent passes heartbeat's defaults).
 const (
-	DefaultHeartbeatPeriod    = 200 * time.Millisecond
-	DefaultHeartbeatTolerance = 5
+	DefaultHeartbeatPeriod    = 100 * time.Millisecond
+	DefaultHeartbeatTolerance = 10
 )
 
 // MaxHostPriority is the largest host or handling priority; it also bounds

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -69,6 +70,10 @@ type StoreConfig struct {
 	Timing       Timing        // zero: DefaultTiming
 	ApplyTimeout time.Duration // zero: DefaultApplyTimeout
 	Logger       *slog.Logger  // nil: slog.Default()
+	// Settings a bootstrapped cluster starts with; zero fields take
+	// DefaultHeartbeatPeriod and DefaultHeartbeatTolerance.
+	HeartbeatPeriod    time.Duration
+	HeartbeatTolerance int
 	// NoSync skips the fsync of each log write; only for benchmarks
 	// comparing against it and tests, never in production.
 	NoSync bool
@@ -272,8 +277,8 @@ func (s *Store) initAndRegister(ctx context.Context) error {
 	init := &InitCluster{Settings: Settings{
 		ClusterID:          clusterID,
 		HashSeed:           binary.BigEndian.Uint32(b[4:]),
-		HeartbeatPeriod:    DefaultHeartbeatPeriod,
-		HeartbeatTolerance: DefaultHeartbeatTolerance,
+		HeartbeatPeriod:    cmp.Or(s.cfg.HeartbeatPeriod, DefaultHeartbeatPeriod),
+		HeartbeatTolerance: cmp.Or(s.cfg.HeartbeatTolerance, DefaultHeartbeatTolerance),
 	}}
 	if _, err := s.Apply(ctx, init); err != nil {
 		return fmt.Errorf("bootstrap: initialise cluster: %w", err)
