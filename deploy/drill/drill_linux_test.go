@@ -1,0 +1,139 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoalnet/shoal/deploy/lab"
+)
+
+// tWriter sends progress lines to t.Log.
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// TestLabPlug is `shoal drill --lab plug`, briefly: a 3-node lab, traffic on
+// new connections, node3's switch port down after 1.5 s. The report must
+// measure the failover, show failures only around the event and every
+// request succeeding once the survivors own every bucket.
+func TestLabPlug(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the drill builds a lab of network namespaces: run as root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("iproute2 (ip) not installed")
+	}
+	if testing.Short() {
+		t.Skip("builds shoal and a lab (~30 s); skipped with -short")
+	}
+	bin := filepath.Join(t.TempDir(), "shoal")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/shoalnet/shoal/cmd/shoal").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/shoal: %v\n%s", err, out)
+	}
+	base := t.TempDir()
+	t.Cleanup(func() {
+		// A backstop: RunLab removes its lab itself. Only labs under this
+		// test's base are touched.
+		files, _ := filepath.Glob(filepath.Join(base, "shl*.json"))
+		for _, f := range files {
+			id := strings.TrimSuffix(filepath.Base(f), ".json")
+			t.Errorf("lab %s left after RunLab", id)
+			if l, err := lab.Open(base, id, nil); err == nil {
+				l.Down(context.Background())
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const timeout = time.Second
+	rep, err := RunLab(ctx, LabOptions{
+		Scenario: Plug,
+		Traffic:  Traffic{Duration: 6 * time.Second, Lead: 1500 * time.Millisecond, Concurrency: 8, Timeout: timeout},
+		Lab:      lab.Options{Nodes: 3, Binary: bin, Base: base},
+		Progress: tWriter{t},
+	})
+	if rep != nil {
+		var b bytes.Buffer
+		rep.WriteText(&b)
+		t.Log("\n" + b.String())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Node != "node3" || rep.Scenario != Plug {
+		t.Errorf("drill acted %q on %q, want plug on node3", rep.Scenario, rep.Node)
+	}
+	if rep.SettledMS <= 0 || rep.SettledMS > 10000 {
+		t.Errorf("failover %v ms, want a measured time within the settle timeout", rep.SettledMS)
+	}
+	if rep.EventAtMS < 500 || rep.EventAtMS > 3000 {
+		t.Errorf("event at %v ms of the traffic, want about 1500", rep.EventAtMS)
+	}
+	if rep.HeartbeatPeriod == "" {
+		t.Error("report lacks the agents' heartbeat period")
+	}
+	// Failures: only requests that started around the event, none before
+	// it (less a request's timeout), none after the survivors took over.
+	for _, f := range rep.FailureList {
+		if f.AtMS < rep.EventAtMS-ms(timeout) || f.AtMS > rep.EventAtMS+rep.SettledMS {
+			t.Errorf("request at %.0f ms failed (%s), outside the event (%.0f ms) to settled (+%.0f ms)",
+				f.AtMS, f.Error, rep.EventAtMS, rep.SettledMS)
+		}
+	}
+	frac, n := rep.SuccessAfter(rep.SettledMS)
+	if n == 0 || frac != 1 {
+		t.Errorf("after the failover %.4f of %d requests succeeded, want all of some", frac, n)
+	}
+	// After the failover node3 answers nothing and its XDP accepts nothing;
+	// before the event every node answered.
+	var before = map[string]int{}
+	var after3 int
+	var after3pk uint64
+	for _, s := range rep.Timeline {
+		if s.AtMS+100 <= rep.EventAtMS {
+			for n, c := range s.Responses {
+				before[n] += c
+			}
+		}
+		if s.AtMS >= rep.EventAtMS+rep.SettledMS {
+			after3 += s.Responses["node3"]
+			after3pk += s.Packets["node3"]
+		}
+	}
+	for _, n := range []string{"node1", "node2", "node3"} {
+		if before[n] == 0 {
+			t.Errorf("%s answered nothing before the event", n)
+		}
+	}
+	if after3 != 0 || after3pk != 0 {
+		t.Errorf("after the failover node3 answered %d requests and accepted %d packets, want 0", after3, after3pk)
+	}
+	var sampled int
+	for _, s := range rep.Timeline {
+		if s.Share != nil {
+			sampled++
+		}
+	}
+	if sampled < len(rep.Timeline)/2 {
+		t.Errorf("only %d of %d slots have shares from the agents' counters", sampled, len(rep.Timeline))
+	}
+	var svg bytes.Buffer
+	if err := rep.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	ids := parseSVG(t, svg.Bytes())
+	for _, id := range []string{"series-node1", "series-node2", "series-node3", "event", "settled"} {
+		if _, ok := ids[id]; !ok {
+			t.Errorf("plot lacks %q", id)
+		}
+	}
+}
