@@ -36,7 +36,7 @@ type Agent struct {
 	dp    dataplane
 	arp   *arpResponder
 	hc    *healthChecker
-	link  *hbLink
+	link  *heartbeat.Transport
 
 	wake chan struct{} // a reconcile is due
 
@@ -152,7 +152,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	}()
 
 	// Membership.
-	a.link, err = listenHeartbeat(cfg.HeartbeatAddr)
+	a.link, err = heartbeat.Listen(cfg.HeartbeatAddr, a.rstate.Settings.ClusterID, key)
 	if err != nil {
 		return fmt.Errorf("heartbeat socket: %w", err)
 	}
@@ -327,7 +327,12 @@ func (a *Agent) loop(ctx context.Context) error {
 	rulesCh, stopSub := a.store.Subscribe()
 	defer stopSub()
 	msgs := make(chan *heartbeat.Message, 256)
-	go a.link.Receive(ctx, a.key, a.rstate.Settings.ClusterID, msgs)
+	go a.link.Serve(func(m *heartbeat.Message, _ netip.AddrPort) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+		}
+	})
 	scan := time.NewTicker(a.period() / 2)
 	defer scan.Stop()
 	timer := time.NewTimer(0)
@@ -339,7 +344,9 @@ func (a *Agent) loop(ctx context.Context) error {
 		case msg := <-msgs:
 			a.mu.Lock()
 			if !a.plugged {
-				a.machine.Receive(time.Now(), msg)
+				if err := a.machine.Receive(time.Now(), msg); err != nil {
+					a.link.Reject(heartbeat.ReasonOf(err))
+				}
 			}
 			a.mu.Unlock()
 		case <-rulesCh:
@@ -384,7 +391,7 @@ func (a *Agent) step(ctx context.Context, now time.Time) time.Time {
 	a.machine.Tick(now)
 	if !a.plugged && !now.Before(a.machine.NextSend()) {
 		msg := a.machine.Outgoing(now)
-		if err := a.link.Send(msg, a.key, a.peerAddrs()); err != nil {
+		if err := a.link.Send(msg, a.peerAddrs()); err != nil {
 			a.log.Debug("heartbeat send", "err", err)
 		}
 	}

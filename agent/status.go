@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -151,7 +152,7 @@ func (a *Agent) params() Params {
 	rs := a.rstate
 	a.mu.Unlock()
 	p := Params{Config: *a.cfg, Settings: settingInfo(rs.Settings), Packets: map[filter.RuleID]PacketCounters{},
-		Heartbeat: a.link.Stats(), ARP: map[string]uint64{}}
+		Heartbeat: heartbeatStats(a.link.Stats()), ARP: map[string]uint64{}}
 	if c, err := a.dp.Counters(); err == nil {
 		for id, rc := range c {
 			pc := PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}}
@@ -181,4 +182,14 @@ func (a *Agent) peerHandler() http.Handler {
 		writeJSON(w, http.StatusOK, a.status())
 	})))
 	return recoverer(mux)
+}
+
+func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
+	m := map[string]uint64{"sent": st.Sent, "send_errors": st.SendErrors, "received": st.Received, "accepted": st.Accepted}
+	for r, n := range st.Rejected {
+		if n > 0 {
+			m["rejected_"+heartbeat.Reason(r).String()] = n
+		}
+	}
+	return m
 }
