@@ -49,6 +49,7 @@ func newApp() *cli.App {
 			plugCommand,
 			ip2macCommand,
 			keygenCommand,
+			drillCommand,
 			labCommand,
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints and exits
