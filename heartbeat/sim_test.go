@@ -133,6 +133,8 @@ type simNode struct {
 	boots      int
 	deaths     uint64 // peers declared dead, summed over this node's machines
 	excludedAt time.Time
+	sentView   View
+	viewSeq    uint64 // sequence of the first heartbeat sent with sentView
 }
 
 // violation is two nodes, not cut off from each other, accepting new
@@ -140,11 +142,23 @@ type simNode struct {
 type violation struct {
 	at   time.Duration
 	a, b uint32
-	// lost: a's view leaves b out, and b has not received one heartbeat of
-	// a's since a adopted that view: every heartbeat that would have made b
-	// yield was lost. DESIGN.md accepts this; anything else is a bug.
-	lost bool
+	why  violationCause
 }
+
+// violationCause says why b still accepted buckets that a, whose view
+// leaves b out, has taken (b yields on the first heartbeat of that view).
+type violationCause uint8
+
+const (
+	// causeUnexplained: b had received a heartbeat of a's view. A bug.
+	causeUnexplained violationCause = iota
+	// causeLost: every heartbeat a sent b since adopting the view was
+	// lost. DESIGN.md accepts this.
+	causeLost
+	// causeDelayed: some were sent and not lost, but none has arrived yet:
+	// the one-way delay exceeded what the timing argument assumes.
+	causeDelayed
+)
 
 type sim struct {
 	t        testing.TB
@@ -158,9 +172,12 @@ type sim struct {
 	links    [][]simLink // [from][to]
 	codec    bool
 	healWait [][]bool // [from][to]: to has not heard from since a full cut between them ended
-	viol     []violation
-	maxDelay time.Duration // largest one-way delay drawn
-	trace    func(string)
+	// scheduled [from][to] is the last sequence from sent to to that was
+	// not dropped (it arrived or is in flight).
+	scheduled [][]uint64
+	viol      []violation
+	maxDelay  time.Duration // largest one-way delay drawn
+	trace     func(string)
 	// onAccept, when set, is called after a node's accepting set changes.
 	onAccept func(n *simNode)
 }
@@ -169,7 +186,9 @@ func newSim(t testing.TB, n int, cfg Config, seed uint64) *sim {
 	s := &sim{t: t, cfg: cfg.WithDefaults(), fcfg: simConfig(n), rng: rand.New(rand.NewPCG(seed, 0x5eed)), now: simEpoch, codec: n <= 8}
 	s.links = make([][]simLink, n)
 	s.healWait = make([][]bool, n)
+	s.scheduled = make([][]uint64, n)
 	for i := range n {
+		s.scheduled[i] = make([]uint64, n)
 		s.links[i] = make([]simLink, n)
 		s.healWait[i] = make([]bool, n)
 		for j := range n {
@@ -248,6 +267,9 @@ func (s *sim) send(i int, msg *Message) {
 			s.t.Fatal(err)
 		}
 	}
+	if n := s.nodes[i]; !msg.View.Equal(n.sentView) || n.viewSeq == 0 {
+		n.sentView, n.viewSeq = msg.View, msg.Seq
+	}
 	for j := range s.nodes {
 		if j == i {
 			continue
@@ -256,6 +278,7 @@ func (s *sim) send(i int, msg *Message) {
 		if l.cut || s.rng.Float64() < l.loss {
 			continue
 		}
+		s.scheduled[i][j] = msg.Seq
 		d := l.delay
 		if l.jitter > 0 {
 			d += time.Duration(s.rng.Int64N(int64(l.jitter)))
@@ -348,7 +371,7 @@ func (s *sim) checkPair(i, j int) {
 		if s.trace != nil {
 			s.trace(fmt.Sprintf("VIOLATION %d %d", a.id, b.id))
 		}
-		s.viol = append(s.viol, violation{at: s.elapsed(), a: a.id, b: b.id, lost: s.lostOnly(a, b) || s.lostOnly(b, a)})
+		s.viol = append(s.viol, violation{at: s.elapsed(), a: a.id, b: b.id, why: max(s.cause(a, b), s.cause(b, a))})
 	}
 }
 
@@ -475,13 +498,18 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[i]
 }
 
-// lostOnly reports whether a's view excludes b while b has heard nothing of
-// that view from a (see violation.lost).
-func (s *sim) lostOnly(a, b *simNode) bool {
+// cause classifies an overlap seen from a's side (see violationCause); it
+// returns causeUnexplained when a's view does include b.
+func (s *sim) cause(a, b *simNode) violationCause {
 	v := a.m.View()
 	if v.Has(b.id) {
-		return false
+		return causeUnexplained
 	}
-	p := b.m.peers[a.id]
-	return p == nil || p.msg == nil || p.msg.Incarnation != a.m.cfg.Incarnation || !p.msg.View.Equal(v)
+	if p := b.m.peers[a.id]; p != nil && p.msg != nil && p.msg.Incarnation == a.m.cfg.Incarnation && p.msg.View.Equal(v) {
+		return causeUnexplained
+	}
+	if s.scheduled[a.id-1][b.id-1] >= a.viewSeq {
+		return causeDelayed
+	}
+	return causeLost
 }
