@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -30,6 +31,7 @@ type control interface {
 	setPriority(ctx context.Context, req PriorityRequest) error
 	leave(ctx context.Context) error
 	plug(ctx context.Context, req PlugRequest) error
+	simulate(client, to netip.AddrPort, proto string) (Simulation, error)
 }
 
 // maxRequestBody bounds what a client may send.
@@ -42,6 +44,21 @@ func controlHandler(c control) http.Handler {
 	mux.HandleFunc("GET /v1/query", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, c.query()) })
 	mux.HandleFunc("GET /v1/params", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, c.params()) })
 	mux.HandleFunc("GET /v1/rules", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, c.listRules()) })
+	mux.HandleFunc("GET /v1/simulate", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		client, err1 := netip.ParseAddrPort(q.Get("client"))
+		to, err2 := netip.ParseAddrPort(q.Get("to"))
+		if err := errors.Join(err1, err2); err != nil {
+			writeError(w, badRequest("want client=IP:PORT and to=VIP:PORT: %v", err))
+			return
+		}
+		sim, err := c.simulate(client, to, q.Get("proto"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, sim)
+	})
 	mux.HandleFunc("POST /v1/admin", handle(c.setAdmin))
 	mux.HandleFunc("POST /v1/rules", func(w http.ResponseWriter, r *http.Request) {
 		var req RuleRequest

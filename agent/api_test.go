@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -39,6 +40,10 @@ func (f *fakeControl) setPriority(_ context.Context, r PriorityRequest) error {
 	f.last = r
 	return f.err
 }
+func (f *fakeControl) simulate(c, to netip.AddrPort, proto string) (Simulation, error) {
+	f.last = [2]netip.AddrPort{c, to}
+	return Simulation{Owner: "n2"}, f.err
+}
 func (f *fakeControl) leave(context.Context) error                 { return f.err }
 func (f *fakeControl) plug(_ context.Context, r PlugRequest) error { f.last = r; return f.err }
 
@@ -64,6 +69,8 @@ func TestControlAPI(t *testing.T) {
 		{"panic is a 500", "GET", "/v1/params", "", nil, 500, "params exploded"},
 		{"wrong method", "GET", "/v1/admin", "", nil, 405, ""},
 		{"no such path", "GET", "/v2/nothing", "", nil, 404, ""},
+		{"simulate", "GET", "/v1/simulate?client=198.18.0.1:4000&to=198.18.0.100:80", "", nil, 200, `"owner":"n2"`},
+		{"simulate bad", "GET", "/v1/simulate?client=x&to=198.18.0.100:80", "", nil, 400, "want client=IP:PORT"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -147,3 +147,12 @@ type (
 		Error string `json:"error"`
 	}
 )
+
+// Simulation says which node takes a flow, as `shoal simulate` prints it.
+type Simulation struct {
+	Rule   filter.RuleID     `json:"rule"`
+	Bucket uint16            `json:"bucket"`
+	Owner  string            `json:"owner"`   // in the current view; "" when nobody takes it
+	Here   string            `json:"here"`    // this node's state for the bucket
+	IfDown map[string]string `json:"if_down"` // owner if that node failed
+}

@@ -7,6 +7,7 @@ package agent_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -345,6 +346,24 @@ func TestE2EBalanceAndPacketAccounting(t *testing.T) {
 		return nil
 	})
 	phase("weights 100-50-0", map[string]float64{"node1": 2.0 / 3, "node2": 1.0 / 3, "node3": 0})
+
+	// `shoal simulate` names the node a real connection lands on.
+	for port := 41000; port < 41010; port++ {
+		flow := fmt.Sprintf("%s:%d", l.Client.Addr, port)
+		out := mustShoal(t, l, "node2", "simulate", "--json", flow, l.VIP.String()+":80")
+		var sim agent.Simulation
+		if err := json.Unmarshal([]byte(out), &sim); err != nil {
+			t.Fatalf("simulate --json: %v: %s", err, out)
+		}
+		c := dialFromClientPort(t, l, 1, port)[0]
+		if err := c.get(l.VIP.String()); err != nil {
+			t.Fatal(err)
+		}
+		c.c.Close()
+		if c.node != sim.Owner || sim.Rule != 1 {
+			t.Errorf("flow %s: simulate says rule %d owner %q, the connection landed on %q", flow, sim.Rule, sim.Owner, c.node)
+		}
+	}
 }
 
 // heldConn is a long-lived keep-alive HTTP connection from the client,
@@ -386,6 +405,12 @@ func (h *heldConn) get(host string) error {
 // dialing goroutine is pinned to a thread moved into the client namespace.
 func dialFromClient(t *testing.T, l *lab.Lab, n int) []*heldConn {
 	t.Helper()
+	return dialFromClientPort(t, l, n, 0)
+}
+
+// dialFromClientPort is dialFromClient from a given source port (0: any).
+func dialFromClientPort(t *testing.T, l *lab.Lab, n, port int) []*heldConn {
+	t.Helper()
 	runtime.LockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
@@ -403,7 +428,11 @@ func dialFromClient(t *testing.T, l *lab.Lab, n int) []*heldConn {
 	var conns []*heldConn
 	var dialErr error
 	for i := 0; i < n; i++ {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(l.VIP.String(), "80"), 3*time.Second)
+		d := net.Dialer{Timeout: 3 * time.Second}
+		if port != 0 {
+			d.LocalAddr = &net.TCPAddr{Port: port}
+		}
+		c, err := d.Dial("tcp", net.JoinHostPort(l.VIP.String(), "80"))
 		if err != nil {
 			dialErr = err
 			break

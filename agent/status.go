@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net/http"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -192,4 +193,36 @@ func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
 		}
 	}
 	return m
+}
+
+// simulate says which node takes a flow now, and which would if any one
+// node failed.
+func (a *Agent) simulate(client, to netip.AddrPort, proto string) (Simulation, error) {
+	p, err := filter.ParseProtocol(orDefault(proto, "tcp"))
+	if err != nil || p == filter.ProtoBoth {
+		return Simulation{}, badRequest("proto %q: want tcp or udp", proto)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id, bucket, ok := a.fcfg.Locate(to.Addr(), p, client.Addr(), client.Port(), to.Port())
+	if !ok {
+		return Simulation{}, badRequest("%s is not a VIP of this cluster, or %s is not IPv4", to.Addr(), client.Addr())
+	}
+	name := func(n filter.NodeID) string {
+		if node := a.rstate.Node(n); node != nil {
+			return node.Name
+		}
+		return ""
+	}
+	view := nodeIDs(a.hbStatus.View.Eligible)
+	sim := Simulation{Rule: id, Bucket: bucket, IfDown: map[string]string{}}
+	sim.Owner = name(a.assigner.Assign(a.fcfg, view).Rules[id][bucket])
+	if t := a.last.tables; t != nil {
+		sim.Here = t.States[id][bucket].String()
+	}
+	for _, down := range view {
+		rest := slices.DeleteFunc(slices.Clone(view), func(n filter.NodeID) bool { return n == down })
+		sim.IfDown[name(down)] = name(filter.Assign(a.fcfg, rest).Rules[id][bucket])
+	}
+	return sim, nil
 }

@@ -49,6 +49,7 @@ func newApp() *cli.App {
 			plugCommand,
 			ip2macCommand,
 			keygenCommand,
+			simulateCommand,
 			drillCommand,
 			labCommand,
 		},
