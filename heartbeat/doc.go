@@ -16,4 +16,20 @@
 // The Machine is generic over the bucket-set type S so that heartbeat does not
 // import the filter package: the caller passes owned(view), which computes the
 // buckets this node owns in a view, and intersect.
+//
+// Beyond DESIGN.md's rules, a node that has just started is "unsettled" until
+// it has heard every registered peer (or for T periods): it is not eligible,
+// and its view is not held against anyone, so a booting node, whose first
+// view lists only the peers it has heard so far, does not make the whole
+// cluster yield. A node announces a new view at once (at most four heartbeats
+// a period), which keeps agreement near K periods.
+//
+// Limits, by design: two groups that cannot hear each other's heartbeats but
+// share client traffic will both serve it; a node that hears nobody (its
+// receive path broken) sees every peer die, takes every bucket, and the
+// others, seeing a view that leaves them out, yield to it; a one-way
+// partition combined with the loss of all K heartbeats announcing the change
+// can give a bucket two owners for a moment (the simulator measures how
+// often). Heartbeats are UDP datagrams to each peer's configured address and
+// port, which firewalls between nodes must let through both ways.
 package heartbeat

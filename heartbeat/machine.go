@@ -206,7 +206,8 @@ func (m *Machine[S]) Tick(now time.Time) {
 	m.recompute(now)
 }
 
-// SetLocal sets what this node advertises about itself.
+// SetLocal sets what this node advertises about itself. l.Draining is kept,
+// not copied.
 func (m *Machine[S]) SetLocal(now time.Time, l Local) {
 	old := m.local
 	m.local = l

@@ -51,7 +51,8 @@ func (r *Runner[S]) Changed() <-chan struct{} { return r.changed }
 // Stats returns the transport's counters.
 func (r *Runner[S]) Stats() Stats { return r.t.Stats() }
 
-// SetLocal sets what this node advertises.
+// SetLocal sets what this node advertises. l.Draining is kept, not copied:
+// pass a new map rather than modifying it afterwards.
 func (r *Runner[S]) SetLocal(l Local) {
 	r.mu.Lock()
 	r.m.SetLocal(r.now(), l)
@@ -60,7 +61,8 @@ func (r *Runner[S]) SetLocal(l Local) {
 	r.poke()
 }
 
-// SetPeers sets the node registry and where each peer listens.
+// SetPeers sets the node registry and where each peer listens (this node's
+// own entry, if present, is skipped). The map is kept, not copied.
 func (r *Runner[S]) SetPeers(peers map[uint32]netip.AddrPort) {
 	ids := make([]uint32, 0, len(peers))
 	for id := range peers {
@@ -127,8 +129,10 @@ func (r *Runner[S]) Run(ctx context.Context) error {
 		var to []netip.AddrPort
 		if !now.Before(r.m.NextSend()) {
 			msg = r.m.Outgoing(now)
-			for _, ap := range r.peers {
-				to = append(to, ap)
+			for id, ap := range r.peers {
+				if id != r.m.cfg.Self {
+					to = append(to, ap)
+				}
 			}
 		}
 		wake := r.m.Wake()
