@@ -535,3 +535,36 @@ func DownAll(ctx context.Context, base string, log *slog.Logger) ([]string, erro
 	}
 	return ids, errors.Join(errs...)
 }
+
+// CLI runs `shoal --socket <node's socket> args...` (the lab's binary, in
+// the caller's namespace) and returns its stdout.
+func (l *Lab) CLI(ctx context.Context, node string, args ...string) ([]byte, error) {
+	h, ok := l.HostByName(node)
+	if !ok || h.Socket == "" {
+		return nil, fmt.Errorf("lab: no node %q", node)
+	}
+	return l.ctl.Run(ctx, h.Socket, args...)
+}
+
+// NodeStatus returns one node's status.
+func (l *Lab) NodeStatus(ctx context.Context, node string) (NodeStatus, error) {
+	h, ok := l.HostByName(node)
+	if !ok || h.Socket == "" {
+		return NodeStatus{}, fmt.Errorf("lab: no node %q", node)
+	}
+	return l.ctl.Status(ctx, h.Socket)
+}
+
+// Signal sends sig to the lab's live process of role ("agent", "serve") on
+// host, e.g. SIGKILL to an agent for a kill drill.
+func (l *Lab) Signal(host, role string, sig syscall.Signal) error {
+	l.mu.Lock()
+	procs := slices.Clone(l.Procs)
+	l.mu.Unlock()
+	for _, p := range procs {
+		if p.Host == host && p.Role == role && alive(p) {
+			return syscall.Kill(p.PID, sig)
+		}
+	}
+	return fmt.Errorf("lab: no running %s on %s", role, host)
+}

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -296,5 +297,28 @@ func waitFor(t *testing.T, timeout time.Duration, check func() error) {
 	t.Helper()
 	if err := poll(context.Background(), timeout, 20*time.Millisecond, check); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestSignal(t *testing.T) {
+	needRoot(t)
+	l := upForTest(t, 1)
+	p, err := l.Start("node1", "serve", "lab", "serve", "--name", "node1", "--listen", l.Nodes[0].Addr.String()+":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Signal("node1", "agent", syscall.SIGKILL); err == nil {
+		t.Error("Signal found an agent in a lab without agents")
+	}
+	if err := l.Signal("node1", "serve", syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Exited(p):
+	case <-time.After(5 * time.Second):
+		t.Fatal("serve still running after SIGKILL")
+	}
+	if err := l.Signal("node1", "serve", syscall.SIGKILL); err == nil {
+		t.Error("Signal found a dead process")
 	}
 }

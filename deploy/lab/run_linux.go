@@ -100,6 +100,10 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	}
 	out := <-done
 	rep.During = out.res
+	if !out.res.Start.IsZero() {
+		// On the load's own clock, so it lines up with its timeline.
+		rep.PullAtMS = ms(pulled.Sub(out.res.Start))
+	}
 	if out.err != nil {
 		return rep, out.err
 	}
