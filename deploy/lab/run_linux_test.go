@@ -100,7 +100,9 @@ func TestLabRun(t *testing.T) {
 	}
 
 	assertGone(t, rep.Lab)
-	if _, err := os.Stat(StatePath(base, rep.Lab)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("state file left: %v", err)
+	for _, p := range []string{StatePath(base, rep.Lab), filepath.Join(base, rep.Lab)} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left: %v", p, err)
+		}
 	}
 }
