@@ -49,6 +49,13 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintln(w)
 	phase(w, "before", r.Before)
 	phase(w, "during", r.During)
+	if fl := r.During.FailureList; len(fl) > 0 && r.Victim != "" {
+		first, last := fl[0].AtMS, fl[0].AtMS
+		for _, f := range fl {
+			first, last = min(first, f.AtMS), max(last, f.AtMS)
+		}
+		fmt.Fprintf(w, "        failed requests started %+.0f to %+.0f ms from the pull\n", first-r.PullAtMS, last-r.PullAtMS)
+	}
 	phase(w, "after", r.After)
 	fmt.Fprintln(w)
 	switch {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/shoalnet/shoal/deploy/lab/load"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -228,6 +230,9 @@ func TestReportText(t *testing.T) {
 		{"failover measured", Report{Lab: "shl0001", Nodes: 3, VIP: "198.18.1.100", ClusterMAC: "03:bf:c6:12:01:64",
 			ClientARP: "03:bf:c6:12:01:64", Victim: "node3", PullAtMS: 1001, FailoverMS: 1234},
 			[]string{"(as it should)", "plug pulled on node3 at 1001 ms: every bucket owned again after 1234 ms"}},
+		{"failures around the pull", Report{Lab: "shl0001", Victim: "node3", PullAtMS: 1000, FailoverMS: 1400,
+			During: load.Result{Requests: 10, Failures: 2, FailureList: []load.Failure{{AtMS: 1200, Class: load.ErrTimeout}, {AtMS: 990, Class: load.ErrReset}}}},
+			[]string{"failed requests started -10 to +200 ms from the pull"}},
 		{"failover missed", Report{Lab: "shl0001", Victim: "node3", FailoverMS: -1},
 			[]string{"the survivors did NOT cover every bucket in time"}},
 	}
