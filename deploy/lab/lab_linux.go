@@ -161,7 +161,13 @@ func (l *Lab) addNamespace(ctx context.Context, ns string) error {
 		return err
 	}
 	if _, err := ip(ctx, "netns", "add", ns); err != nil {
-		return err
+		// Not made by us (it may be another lab's that drew the same id):
+		// forget it so Down does not delete it.
+		l.mu.Lock()
+		l.Namespaces = slices.DeleteFunc(l.Namespaces, func(n string) bool { return n == ns })
+		serr := l.Save()
+		l.mu.Unlock()
+		return errors.Join(err, serr)
 	}
 	_, err = ip(ctx, "-n", ns, "link", "set", "lo", "up")
 	return err
@@ -426,7 +432,10 @@ func (l *Lab) Down(ctx context.Context) error {
 		}
 	}
 	nss := slices.Clone(l.Namespaces)
-	if out, err := ip(ctx, "netns", "list"); err == nil {
+	// Every namespace is recorded before it is made, so the state file is
+	// the whole truth; only a lab whose state file is lost is found by its
+	// prefix.
+	if out, err := ip(ctx, "netns", "list"); err == nil && l.orphan {
 		for _, ns := range parseNetnsList(out) {
 			if id, ok := labOfNamespace(ns); ok && id == l.ID && !slices.Contains(nss, ns) {
 				nss = append(nss, ns)
@@ -514,7 +523,7 @@ func Open(base, id string, log *slog.Logger) (*Lab, error) {
 		log.Warn("no usable state file, removing the lab by its namespaces", "lab", id, "err", err)
 		st = &State{ID: id, Base: base, Dir: filepath.Join(base, id)}
 	}
-	return &Lab{State: *st, log: log.With("lab", id), ctl: Ctl{Binary: st.Binary}, waits: map[int]chan struct{}{}}, nil
+	return &Lab{State: *st, orphan: err != nil, log: log.With("lab", id), ctl: Ctl{Binary: st.Binary}, waits: map[int]chan struct{}{}}, nil
 }
 
 // DownAll removes every lab under base and every leftover lab namespace.

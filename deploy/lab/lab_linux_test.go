@@ -322,3 +322,40 @@ func TestSignal(t *testing.T) {
 		t.Error("Signal found a dead process")
 	}
 }
+
+// TestUpLeavesOthersNamespaces: a namespace that already exists under a
+// lab's name (another lab that drew the same id) makes Up fail, and Up's
+// cleanup must not delete it.
+func TestUpLeavesOthersNamespaces(t *testing.T) {
+	needRoot(t)
+	var taken string
+	testHookNamespace = func(ns string) error {
+		if taken == "" && strings.HasSuffix(ns, "-client") {
+			taken = ns
+			if _, err := ip(context.Background(), "netns", "add", ns); err != nil {
+				return err
+			}
+			t.Cleanup(func() { ip(context.Background(), "netns", "del", ns) })
+		}
+		return nil
+	}
+	t.Cleanup(func() { testHookNamespace = nil })
+	_, err := Up(context.Background(), Options{Nodes: 1, NoAgents: true, Binary: "/bin/false", Base: t.TempDir()})
+	if err == nil {
+		t.Fatal("Up succeeded over an existing namespace")
+	}
+	out, err := ip(context.Background(), "netns", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := parseNetnsList(out)
+	if !slices.Contains(have, taken) {
+		t.Errorf("Up's cleanup deleted %s, which it did not make", taken)
+	}
+	id, _ := labOfNamespace(taken)
+	for _, ns := range have {
+		if strings.HasPrefix(ns, id+"-") && ns != taken {
+			t.Errorf("namespace %s left behind", ns)
+		}
+	}
+}

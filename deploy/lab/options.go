@@ -32,6 +32,9 @@ type Lab struct {
 	State
 	log *slog.Logger
 	ctl Ctl
+	// orphan marks a lab opened without its state file: Down then also
+	// looks for its namespaces by prefix.
+	orphan bool
 
 	mu    sync.Mutex
 	waits map[int]chan struct{} // closed when a child started by this process exits
