@@ -149,7 +149,7 @@ cat "$md" >&2
 
 for round in $(seq 1 "$ROUNDS"); do
 	echo "round $round: (a) VIP, 2 nodes" >&2
-	wait_for 30 test "$(eligible_count "$S1")" = 2
+	wait_for 30 eligible_is "$S1" 2
 	measure "$round" a-vip2 "http://$VIP/"
 	echo "round $round: (b) HAProxy" >&2
 	measure "$round" b-haproxy "http://$HAP_ADDR/"

@@ -96,6 +96,9 @@ eligible_count() {
 	sed -n 's/.*"view":{"eligible":\[\([^]]*\)\].*/\1/p' <<<"$js" | tr ',' '\n' | grep -c .
 }
 
+# eligible_is SOCKET N: true when the agent's converged view holds N nodes.
+eligible_is() { [ "$(eligible_count "$1")" = "$2" ]; }
+
 # wait_for SECONDS CMD...: polls CMD every 50 ms until it succeeds.
 wait_for() {
 	local deadline=$((SECONDS + $1))
