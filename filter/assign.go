@@ -157,6 +157,10 @@ func (s *splitter) spread(buckets []uint16, cands []candidate) {
 	if len(buckets) == 0 || len(cands) == 0 {
 		return // owners stay NoNode
 	}
+	if len(buckets) == 1 && singleFastPath {
+		s.spreadOne(buckets[0], cands)
+		return
+	}
 	quota := apportion(len(buckets), cands, func(ci int) uint32 {
 		// Ties in rounding go by a hash of the group, so that the extra
 		// buckets of many small groups do not all fall to one node.
@@ -198,6 +202,30 @@ func (s *splitter) spread(buckets []uint16, cands []candidate) {
 		rest = append(rest, cands[ci+1:]...)
 		s.spread(groups[ci], rest)
 	}
+}
+
+// singleFastPath lets spread place a lone bucket without splitting; tests
+// turn it off to check that both ways agree.
+var singleFastPath = true
+
+// spreadOne is spread for a group of one bucket. Its quota goes to the
+// candidate with the largest remainder, which for n = 1 is the largest
+// weight (ties by the tie hash) whatever the other candidates are; so the
+// recursion through candidates that do not take traffic is the same as
+// walking one fixed order. It saves the deep recursion that many failed
+// nodes would otherwise cost (64 nodes, one eligible: seconds).
+func (s *splitter) spreadOne(b uint16, cands []candidate) {
+	best, bestW, bestTie := NoNode, -1, uint32(0)
+	for _, cd := range cands {
+		if !cd.takes {
+			continue
+		}
+		tie := Hash(s.seed, uint32(b)|1<<16, uint32(cd.id))
+		if cd.weight > bestW || cd.weight == bestW && tie > bestTie {
+			best, bestW, bestTie = cd.id, cd.weight, tie
+		}
+	}
+	s.owners[b] = best
 }
 
 // apportion splits n among the candidates in proportion to their weights,

@@ -312,3 +312,44 @@ func BenchmarkAssignTwentyRules(b *testing.B) {
 		Assign(c, ids(3))
 	}
 }
+
+func TestSingleBucketFastPathAgrees(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 20; trial++ {
+		n := 2 + rng.IntN(12)
+		w := make([]int, n)
+		for i := range w {
+			w[i] = rng.IntN(101)
+		}
+		c := testConfig(w...)
+		var up []NodeID
+		for _, id := range ids(n) {
+			if rng.IntN(3) == 0 {
+				up = append(up, id)
+			}
+		}
+		fast := Assign(c, up)
+		singleFastPath = false
+		slow := Assign(c, up)
+		singleFastPath = true
+		if *fast.Rules[1] != *slow.Rules[1] {
+			t.Fatalf("weights %v, eligible %v: the one-bucket fast path changes the table", w, up)
+		}
+	}
+}
+
+func BenchmarkAssignFewEligible(b *testing.B) {
+	for _, n := range []int{32, 64} {
+		c := testConfig(make([]int, n)...)
+		for i := range c.Nodes {
+			c.Nodes[i].Rules[1] = NodeRule{Weight: DefaultWeight}
+		}
+		for _, up := range []int{n, n / 2, 1} {
+			b.Run(fmt.Sprintf("%d-nodes-%d-eligible", n, up), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					Assign(c, ids(up))
+				}
+			})
+		}
+	}
+}
