@@ -320,6 +320,9 @@ func TestSingleBucketFastPathAgrees(t *testing.T) {
 		w := make([]int, n)
 		for i := range w {
 			w[i] = rng.IntN(101)
+			if trial%2 == 0 {
+				w[i] = DefaultWeight // ties everywhere
+			}
 		}
 		c := testConfig(w...)
 		var up []NodeID
