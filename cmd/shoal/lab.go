@@ -201,6 +201,7 @@ var labLoadCommand = &cli.Command{
 	Action: func(c *cli.Context) error {
 		ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 		defer stop()
+		fmt.Fprintln(c.App.ErrWriter, lab.LoadStarted) // the lab times its drill from this line
 		res, err := load.Run(ctx, load.Options{
 			URL:         c.String("url"),
 			Duration:    c.Duration("duration"),

@@ -59,6 +59,7 @@ func helper(args []string) int {
 		if fs.Parse(args[2:]) != nil {
 			return 2
 		}
+		fmt.Fprintln(os.Stderr, LoadStarted)
 		res, err := load.Run(ctx, o)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

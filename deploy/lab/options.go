@@ -40,6 +40,9 @@ type Lab struct {
 	waits map[int]chan struct{} // closed when a child started by this process exits
 }
 
+// LoadStarted is the line `shoal lab load` writes to stderr as it starts.
+const LoadStarted = "lab load: started"
+
 // RunOptions configure `shoal lab run`.
 type RunOptions struct {
 	Options
@@ -63,6 +66,9 @@ type LoadArgs struct {
 	Rate        float64 // requests/s; 0 = as fast as possible
 	KeepAlive   bool
 	Timeout     time.Duration // per request; the generator's default if zero
+	// OnStart, if set, is called once the generator has started in the
+	// client namespace (starting a process there takes a while).
+	OnStart func()
 }
 
 // Status is a lab as `shoal lab status` shows it.

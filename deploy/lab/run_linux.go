@@ -12,6 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
 	"github.com/shoalnet/shoal/deploy/lab/load"
 )
 
@@ -77,7 +80,8 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	}
 	done := make(chan loadOut, 1)
 	l.progress(o.Progress, "traffic through the pull (%v); pulling %s after %v", during.Duration, rep.Victim, lead)
-	loadStart := time.Now()
+	started := make(chan struct{})
+	during.OnStart = func() { close(started) }
 	go func() {
 		r, err := l.Load(ctx, during, o.Progress)
 		done <- loadOut{r, err}
@@ -85,13 +89,21 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	select {
 	case <-ctx.Done():
 		return rep, ctx.Err()
+	case out := <-done:
+		return rep, fmt.Errorf("lab: the load ended before it started: %w", out.err)
+	case <-started:
+	}
+	loadStart := time.Now()
+	select {
+	case <-ctx.Done():
+		return rep, ctx.Err()
 	case <-time.After(lead):
 	}
-	pulled := time.Now()
-	rep.PullAtMS = ms(pulled.Sub(loadStart))
-	if err := l.Pull(ctx, rep.Victim); err != nil {
+	pulled, err := l.PullAt(ctx, rep.Victim)
+	if err != nil {
 		return rep, err
 	}
+	rep.PullAtMS = ms(pulled.Sub(loadStart))
 	failover, perr := l.waitCovered(ctx, survivors, rules, dead, pulled, o.FailoverTimeout)
 	if perr == nil {
 		rep.FailoverMS = ms(failover)
@@ -132,8 +144,8 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 		}
 		dead := st[victim].NodeID
 		survivors := append(slices.Clone(l.Nodes[:victim]), l.Nodes[victim+1:]...)
-		pulled := time.Now()
-		if err := l.Pull(ctx, l.Nodes[victim].Name); err != nil {
+		pulled, err := l.PullAt(ctx, l.Nodes[victim].Name)
+		if err != nil {
 			return rep, err
 		}
 		d, err := l.waitCovered(ctx, survivors, rules, dead, pulled, o.FailoverTimeout)
@@ -217,6 +229,9 @@ func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Re
 	if progress != nil {
 		cmd.Stderr = io.MultiWriter(&errb, progress)
 	}
+	if a.OnStart != nil {
+		cmd.Stderr = io.MultiWriter(cmd.Stderr, &lineWatch{line: LoadStarted, then: a.OnStart})
+	}
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
 			return load.Result{}, fmt.Errorf("lab: load from the client: %w", ctx.Err())
@@ -228,6 +243,34 @@ func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Re
 		return load.Result{}, fmt.Errorf("lab: load result: %w", err)
 	}
 	return r, nil
+}
+
+// lineWatch calls then once a line equal to line has been written.
+type lineWatch struct {
+	line string
+	then func()
+	buf  []byte
+	done bool
+}
+
+func (w *lineWatch) Write(b []byte) (int, error) {
+	if w.done {
+		return len(b), nil
+	}
+	w.buf = append(w.buf, b...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		if string(w.buf[:i]) == w.line {
+			w.done, w.buf = true, nil
+			w.then()
+			break
+		}
+		w.buf = w.buf[i+1:]
+	}
+	return len(b), nil
 }
 
 // lastLines returns the last n lines of s.
@@ -248,22 +291,54 @@ func (l *Lab) Neighbor(ctx context.Context, addr string) (string, error) {
 
 // Pull cuts host off the switch: its port on the bridge goes down, which
 // also drops the carrier of its own end, so nothing passes either way, as
-// with a pulled cable.
+// with a pulled cable. It uses netlink, with no process to start, so it
+// takes effect within microseconds of the call.
 func (l *Lab) Pull(ctx context.Context, host string) error {
-	h, ok := l.HostByName(host)
-	if !ok {
-		return fmt.Errorf("lab: no host %q", host)
-	}
-	_, err := ip(ctx, "-n", l.Switch, "link", "set", h.BridgePort, "down")
+	_, err := l.setPort(host, false)
 	return err
+}
+
+// PullAt is Pull, and returns the moment just before the link went down:
+// the start of a failover measurement.
+func (l *Lab) PullAt(ctx context.Context, host string) (time.Time, error) {
+	return l.setPort(host, false)
 }
 
 // Plug puts host back on the switch.
 func (l *Lab) Plug(ctx context.Context, host string) error {
+	_, err := l.setPort(host, true)
+	return err
+}
+
+// setPort sets host's bridge port up or down through a netlink socket in
+// the switch namespace and returns the time just before the change.
+func (l *Lab) setPort(host string, up bool) (time.Time, error) {
 	h, ok := l.HostByName(host)
 	if !ok {
-		return fmt.Errorf("lab: no host %q", host)
+		return time.Time{}, fmt.Errorf("lab: no host %q", host)
 	}
-	_, err := ip(ctx, "-n", l.Switch, "link", "set", h.BridgePort, "up")
-	return err
+	ns, err := netns.GetFromName(l.Switch)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lab: switch namespace: %w", err)
+	}
+	defer ns.Close()
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lab: netlink in %s: %w", l.Switch, err)
+	}
+	defer nl.Close()
+	link, err := nl.LinkByName(h.BridgePort)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lab: %s: %w", h.BridgePort, err)
+	}
+	at := time.Now()
+	if up {
+		err = nl.LinkSetUp(link)
+	} else {
+		err = nl.LinkSetDown(link)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lab: set %s up=%v: %w", h.BridgePort, up, err)
+	}
+	return at, nil
 }

@@ -248,3 +248,16 @@ func TestReportText(t *testing.T) {
 		})
 	}
 }
+
+func TestLineWatch(t *testing.T) {
+	calls := 0
+	w := &lineWatch{line: LoadStarted, then: func() { calls++ }}
+	for _, chunk := range []string{"noise\nlab lo", "ad: started\n", "lab load: started\n", "more\n"} {
+		w.Write([]byte(chunk))
+	}
+	if calls != 1 {
+		t.Errorf("then called %d times, want once", calls)
+	}
+	w2 := &lineWatch{line: LoadStarted, then: func() { t.Error("called for a prefix") }}
+	w2.Write([]byte("lab load: started later\n"))
+}
