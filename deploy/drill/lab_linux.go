@@ -129,10 +129,14 @@ func (d *labDrill) run(ctx context.Context) (*Report, error) {
 	}()
 	var settled time.Duration
 	event, settleErr := func() (time.Time, error) {
+		// The load generator starts in the client's namespace after a
+		// while that depends on the machine's load: count the lead from
+		// the first VIP packets the agents accept.
+		started := trafficStarted(ctx, agents, 10*time.Second)
 		select {
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
-		case <-time.After(o.Traffic.Lead):
+		case <-time.After(time.Until(started.Add(o.Traffic.Lead))):
 		}
 		event := time.Now()
 		progress(o.Progress, "%s %s", o.Scenario.verb(), d.victim.Name)
@@ -267,4 +271,27 @@ func (d *labDrill) all(ctx context.Context, minIndex uint64, mustAccept uint32) 
 		}
 	}
 	return nil
+}
+
+// trafficStarted polls the agents' accepted-packet counters every 20 ms and
+// returns when their sum first grows, or now after timeout.
+func trafficStarted(ctx context.Context, agents map[string]*agentAPI, timeout time.Duration) time.Time {
+	sum := func() uint64 {
+		var n uint64
+		for _, a := range agents {
+			if v, err := a.accepted(ctx); err == nil {
+				n += v
+			}
+		}
+		return n
+	}
+	base := sum()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if sum() > base {
+			return time.Now()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Now()
 }
