@@ -2,8 +2,9 @@
 # bench/compare.sh: requests/s and latency (p50, p99) with wrk and ab, on new
 # connections and on keep-alive, through
 #   (a) the shoal VIP with 2 nodes,
-#   (b) HAProxy (http mode, roundrobin) in its own namespace on the lab's
-#       switch, in front of the same 2 backends,
+#   (b) HAProxy (roundrobin; http mode, or tcp mode with HAPROXY_MODE=tcp)
+#       in its own namespace on the lab's switch, in front of the same 2
+#       backends,
 #   (c) straight to one backend,
 #   (d) the shoal VIP with 1 node (the other stopped with `shoal stop --node`),
 # all in one lab, from the same client namespace, in one run; then the ratios
@@ -16,7 +17,10 @@
 #
 # Environment: SHOAL (binary; bin/shoal), ROUNDS (2), DURATION (wrk seconds,
 # 10), CONNS (concurrent connections, 32), THREADS (wrk threads, 2), AB_N
-# (ab requests per run, 20000), OUT (where results go, bench/out).
+# (ab requests per run, 20000), HAPROXY_MODE (http or tcp, http), OUT
+# (where results go, bench/out). In http mode HAProxy keeps its connections
+# to the backends alive even when the client closes each one; in tcp mode
+# every client connection is one backend connection, as through the VIP.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
@@ -29,6 +33,8 @@ DURATION=${DURATION:-10}
 CONNS=${CONNS:-32}
 THREADS=${THREADS:-2}
 AB_N=${AB_N:-20000}
+HAPROXY_MODE=${HAPROXY_MODE:-http}
+case $HAPROXY_MODE in http | tcp) ;; *) echo "HAPROXY_MODE: http or tcp" >&2; exit 2 ;; esac
 OUT=${OUT:-$here/out}
 mkdir -p "$OUT"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -73,7 +79,7 @@ cat >"$work/haproxy.cfg" <<CFG
 global
     maxconn 8000
 defaults
-    mode http
+    mode $HAPROXY_MODE
     timeout connect 2s
     timeout client 30s
     timeout server 30s
@@ -141,7 +147,7 @@ hb=$(heartbeat_settings "$S1")
 	echo "# shoal bench/compare.sh, $stamp"
 	echo
 	machine
-	echo "lab $LAB_ID, VIP $VIP, backends ${NODE_ADDR[1]}:8080 ${NODE_ADDR[2]}:8080 (and VIP:80 on each), HAProxy $HAP_ADDR:80 ($(haproxy -v | head -1 | awk '{print $3}'), http mode, roundrobin), heartbeat $hb"
+	echo "lab $LAB_ID, VIP $VIP, backends ${NODE_ADDR[1]}:8080 ${NODE_ADDR[2]}:8080 (and VIP:80 on each), HAProxy $HAP_ADDR:80 ($(haproxy -v | head -1 | awk '{print $3}'), $HAPROXY_MODE mode, roundrobin), heartbeat $hb"
 	echo "wrk -t$THREADS -c$CONNS -d${DURATION}s --latency [-H 'Connection: close']; ab -q -r -s 5 -n $AB_N -c $CONNS [-k]"
 } >"$md"
 printf 'round\ttarget\ttool\tmode\trps\tp50_ms\tp99_ms\terrors\n' >"$tsv"
