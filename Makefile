@@ -10,9 +10,11 @@ build:
 
 # The test command: unit, differential, namespace and lab tests. As root the
 # XDP and namespace tests run for real; otherwise they skip with a reason.
+# Packages run one at a time (-p 1): the lab tests of agent, deploy/lab and
+# deploy/drill time failovers, and must not share two cores with each other.
 test:
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 20m ./...
+	$(GO) test -count=1 -p 1 -timeout 30m ./...
 
 # Regenerate the bpf2go output from filter/xdp/*.c (needs clang, llvm and
 # libbpf-dev: apt-get install clang llvm libbpf-dev).
