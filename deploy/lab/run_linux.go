@@ -90,6 +90,9 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	case <-ctx.Done():
 		return rep, ctx.Err()
 	case out := <-done:
+		if out.err == nil {
+			out.err = fmt.Errorf("it never wrote %q", LoadStarted)
+		}
 		return rep, fmt.Errorf("lab: the load ended before it started: %w", out.err)
 	case <-started:
 	}
