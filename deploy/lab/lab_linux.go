@@ -420,8 +420,8 @@ func (l *Lab) Down(ctx context.Context) error {
 	procs := slices.Clone(l.Procs)
 	l.mu.Unlock()
 	var errs []error
-	if killed := stopProcs(procs, 5*time.Second); len(killed) > 0 {
-		l.log.Warn("processes did not stop on SIGTERM, killed", "count", len(killed))
+	for _, p := range stopProcs(procs, 5*time.Second) {
+		l.log.Warn("process did not stop within 5 s of SIGTERM, killed", "host", p.Host, "role", p.Role, "pid", p.PID)
 	}
 	for _, p := range procs {
 		if ch := l.Exited(p); ch != nil {
