@@ -192,4 +192,9 @@ done
 echo >>"$md"
 echo "raw: $(basename "$tsv")" >>"$md"
 cat "$md"
-echo "results: $md $tsv" >&2
+# The bar chart, when Go is here to draw it (and a PNG with rsvg-convert).
+if command -v go >/dev/null; then
+	(cd "$here/.." && go run ./bench/compareplot "$tsv") >"${tsv%.tsv}.svg" &&
+		if command -v rsvg-convert >/dev/null; then rsvg-convert -o "${tsv%.tsv}.png" "${tsv%.tsv}.svg"; fi
+fi
+echo "results: $md $tsv ${tsv%.tsv}.svg" >&2
