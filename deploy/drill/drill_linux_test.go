@@ -3,10 +3,13 @@ package drill
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,11 +24,17 @@ func (w tWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// TestLabPlug is `shoal drill --lab plug`, briefly: a 3-node lab, traffic on
-// new connections, node3's switch port down after 1.5 s. The report must
-// measure the failover, show failures only around the event and every
-// request succeeding once the survivors own every bucket.
-func TestLabPlug(t *testing.T) {
+var (
+	buildOnce sync.Once
+	shoalBin  string
+	buildErr  error
+	buildDir  string
+)
+
+// needLab skips unless the test can build labs, and returns the shoal
+// binary (built once per test binary) and a lab base directory.
+func needLab(t *testing.T) (bin, base string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the drill builds a lab of network namespaces: run as root")
 	}
@@ -33,13 +42,37 @@ func TestLabPlug(t *testing.T) {
 		t.Skip("iproute2 (ip) not installed")
 	}
 	if testing.Short() {
-		t.Skip("builds shoal and a lab (~30 s); skipped with -short")
+		t.Skip("builds shoal and a lab (~20 s each); skipped with -short")
 	}
-	bin := filepath.Join(t.TempDir(), "shoal")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/shoalnet/shoal/cmd/shoal").CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/shoal: %v\n%s", err, out)
+	buildOnce.Do(func() {
+		if buildDir, buildErr = os.MkdirTemp("", "drilltest"); buildErr != nil {
+			return
+		}
+		shoalBin = filepath.Join(buildDir, "shoal")
+		if out, err := exec.Command("go", "build", "-o", shoalBin, "github.com/shoalnet/shoal/cmd/shoal").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/shoal: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	base := t.TempDir()
+	return shoalBin, t.TempDir()
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// TestLabPlug is `shoal drill --lab plug`, briefly: a 3-node lab, traffic on
+// new connections, node3's switch port down after 1.5 s. The report must
+// measure the failover, show failures only around the event and every
+// request succeeding once the survivors own every bucket.
+func TestLabPlug(t *testing.T) {
+	bin, base := needLab(t)
 	t.Cleanup(func() {
 		// A backstop: RunLab removes its lab itself. Only labs under this
 		// test's base are touched.
@@ -135,5 +168,57 @@ func TestLabPlug(t *testing.T) {
 		if _, ok := ids[id]; !ok {
 			t.Errorf("plot lacks %q", id)
 		}
+	}
+}
+
+// TestClusterPlug drills a lab as a real cluster: `shoal drill` runs in the
+// lab's client namespace with --vip, node1's socket, and pulls node3's plug
+// over the authenticated peer API; the plug must be back at the end.
+func TestClusterPlug(t *testing.T) {
+	bin, base := needLab(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	l, err := lab.Up(ctx, lab.Options{Nodes: 3, Binary: bin, Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	node3 := l.Nodes[2]
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", l.Client.Namespace, bin,
+		"--socket", l.Nodes[0].Socket, "drill", "--vip", l.VIP.String(), "--node", node3.Name,
+		"--peer", fmt.Sprintf("%s:%d", node3.Addr, lab.PeerPort), "--key-file", l.KeyFile,
+		"--duration", "5s", "--lead", "1500ms", "--timeout", "1s", "--json", "plug")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("shoal drill: %v\n%s", err, errb.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("drill --json: %v\n%s", err, out.String())
+	}
+	if rep.Target != "cluster" || rep.Node != "node3" || rep.SettledMS <= 0 {
+		t.Errorf("report: target %q node %q settled %v ms; want cluster, node3, a measured failover", rep.Target, rep.Node, rep.SettledMS)
+	}
+	if frac, n := rep.SuccessAfter(rep.SettledMS + 1000); n == 0 || frac != 1 {
+		t.Errorf("a second after the failover %.4f of %d requests succeeded, want all", frac, n)
+	}
+	// The drill put the plug back: node3 rejoins the cluster.
+	var st lab.NodeStatus
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		all, err := l.Statuses(ctx, l.Nodes)
+		if err == nil && lab.Ready(all, 3) == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			st, _ = lab.Ctl{Binary: bin}.Status(ctx, node3.Socket)
+			t.Fatalf("node3 did not rejoin after the drill (plug not restored?): %+v, %v", st, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

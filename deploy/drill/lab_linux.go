@@ -164,7 +164,7 @@ func (d *labDrill) run(ctx context.Context) (*Report, error) {
 	rep.URL = fmt.Sprintf("http://%s:%d/", l.VIP, lab.HTTPPort)
 	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
 	rep.KeepAlive, rep.Concurrency, rep.Rate = o.Traffic.KeepAlive, o.Traffic.Concurrency, o.Traffic.Rate
-	rep.Settled = settledWhat(o.Scenario, "every node converged")
+	rep.Settled = settledWhat(o.Scenario, "every node converged", true)
 	if !event.IsZero() {
 		rep.EventAtMS = ms(event.Sub(out.res.Start))
 	}
