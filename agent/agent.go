@@ -333,7 +333,7 @@ func (a *Agent) loop(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	})
-	scan := time.NewTicker(a.period() / 2)
+	scan := time.NewTicker(scanInterval)
 	defer scan.Stop()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -363,39 +363,49 @@ func (a *Agent) loop(ctx context.Context) error {
 	}
 }
 
-func (a *Agent) period() time.Duration {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.machine.Config().Period
-}
+// scanInterval is how often the agent lists its connections on the VIPs
+// when nothing else asks it to (a view change scans at once).
+const scanInterval = 100 * time.Millisecond
 
 // scanConnections refreshes the buckets this node holds connections in.
 func (a *Agent) scanConnections() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.scanLocked()
+}
+
+// scanLocked is scanConnections with a.mu held.
+func (a *Agent) scanLocked() {
 	conns, err := scanConns(a.cfg.VIPs)
 	if err != nil {
 		a.log.Warn("socket scan", "err", err)
 		return
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	a.held = holdings(a.fcfg, conns)
 	a.conns = len(conns)
 }
 
-// step advances the machine, sends a heartbeat when due, and reconciles.
-// It returns when it wants to run next.
+// step advances the machine, reconciles, and sends a heartbeat when due. It
+// returns when it wants to run next.
 func (a *Agent) step(ctx context.Context, now time.Time) time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.setLocal(now)
 	a.machine.Tick(now)
+	if !a.machine.View().Equal(a.hbStatus.View) {
+		// A new view releases buckets at once. Learn which of them still
+		// hold connections before the heartbeat that advertises the view
+		// goes out, so that no peer can take one of them clean.
+		a.scanLocked()
+	}
+	a.reconcile()
+	a.setLocal(now) // the draining buckets reconcile just computed
 	if !a.plugged && !now.Before(a.machine.NextSend()) {
 		msg := a.machine.Outgoing(now)
 		if err := a.link.Send(msg, a.peerAddrs()); err != nil {
 			a.log.Debug("heartbeat send", "err", err)
 		}
 	}
-	a.reconcile()
 	a.finishDrain(ctx)
 	return a.machine.Wake()
 }

@@ -186,8 +186,10 @@ func summary(ds []time.Duration) string {
 // within 1.5 s p99 at the defaults, and within K+1 periods of the first
 // detection. -simruns sets the number of runs per size.
 func TestSimFailoverTimes(t *testing.T) {
-	periods := []time.Duration{DefaultPeriod, 50 * time.Millisecond}
-	for _, p := range periods {
+	// The defaults, and the former defaults (100 ms, 10 periods) to compare.
+	configs := []Config{{}, {Period: 100 * time.Millisecond, Tolerance: 10}}
+	for _, base := range configs {
+		p := base.WithDefaults().Period
 		for _, n := range []int{2, 8, 32, 64} {
 			seeds := map[int]int{2: 30, 8: 30, 32: 4, 64: 3}[n]
 			if *simRuns > 0 {
@@ -196,13 +198,13 @@ func TestSimFailoverTimes(t *testing.T) {
 			if testing.Short() && n > 8 {
 				continue
 			}
-			cfg := Config{Period: p}
+			cfg := base
 			fs := measureFailover(t, n, cfg, seeds)
 			c := cfg.WithDefaults()
 			t.Logf("P=%v T=%d K=%d n=%d (%d runs): crash->coverage %s; detection->coverage %s; restart->joined %s",
 				p, c.Tolerance, c.Converge, n, seeds, summary(fs.fail), summary(fs.afterDetect), summary(fs.join))
 			limit := time.Duration(c.Tolerance+c.Converge+1)*p + 10*time.Millisecond
-			if p == DefaultPeriod {
+			if base.Period == 0 {
 				limit = 1500 * time.Millisecond
 			}
 			for _, d := range fs.fail {

@@ -14,8 +14,8 @@ import (
 // Defaults for the heartbeat settings a new cluster starts with when the
 // bootstrapping node names none (the agent passes heartbeat's defaults).
 const (
-	DefaultHeartbeatPeriod    = 100 * time.Millisecond
-	DefaultHeartbeatTolerance = 10
+	DefaultHeartbeatPeriod    = 75 * time.Millisecond
+	DefaultHeartbeatTolerance = 12
 )
 
 // MaxHostPriority is the largest host or handling priority; it also bounds
