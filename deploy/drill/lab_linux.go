@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -120,10 +121,13 @@ func (d *labDrill) run(ctx context.Context) (*Report, error) {
 		err error
 	}
 	done := make(chan loadOut, 1)
+	launched := make(chan struct{})
+	var once sync.Once
 	go func() {
 		r, err := l.Load(ctx, lab.LoadArgs{
 			Duration: o.Traffic.Duration, Concurrency: o.Traffic.Concurrency, Rate: o.Traffic.Rate,
 			KeepAlive: o.Traffic.KeepAlive, Timeout: o.Traffic.Timeout,
+			OnStart: func() { once.Do(func() { close(launched) }) },
 		}, o.Progress)
 		done <- loadOut{r, err}
 	}()
@@ -131,8 +135,15 @@ func (d *labDrill) run(ctx context.Context) (*Report, error) {
 	event, settleErr := func() (time.Time, error) {
 		// The load generator starts in the client's namespace after a
 		// while that depends on the machine's load: count the lead from
-		// the first VIP packets the agents accept.
-		started := trafficStarted(ctx, agents, 10*time.Second)
+		// when it says it started, or else from the first VIP packets the
+		// agents accept.
+		var started time.Time
+		select {
+		case <-launched:
+			started = time.Now()
+		case <-time.After(10 * time.Second):
+			started = trafficStarted(ctx, agents, 5*time.Second)
+		}
 		select {
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
