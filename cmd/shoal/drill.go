@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -81,7 +82,7 @@ var drillCommand = &cli.Command{
 }
 
 // drillDefaults are the traffic defaults the flags show.
-var drillDefaults = drill.Traffic{Duration: 8e9, Lead: 2e9, Concurrency: 8, Timeout: 2e9}
+var drillDefaults = drill.Traffic{Duration: 8 * time.Second, Lead: 2 * time.Second, Concurrency: 8, Timeout: 2 * time.Second}
 
 func runDrill(ctx context.Context, c *cli.Context, sc drill.Scenario, tr drill.Traffic) (*drill.Report, error) {
 	progress := c.App.ErrWriter

@@ -164,7 +164,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) (*Report, error) {
 		})
 		done <- loadOut{r, err}
 	}()
-	rep := &Report{}
+	var settled time.Duration
 	event, settleErr := func() (time.Time, error) {
 		select {
 		case <-ctx.Done():
@@ -198,24 +198,24 @@ func RunCluster(ctx context.Context, o ClusterOptions) (*Report, error) {
 			}
 			minIndex = st.RulesIndex
 		}
-		d, err := waitSettled(ctx, event, o.SettleTimeout, func() error {
+		var err error
+		settled, err = waitSettled(ctx, event, o.SettleTimeout, func() error {
 			return clusterSettled(ctx, local, victim, o.Scenario.LosesNode(), minIndex)
 		})
 		if err == nil {
-			rep.SettledMS = ms(d)
-			progress(o.Progress, "settled %.0f ms after the event", rep.SettledMS)
+			progress(o.Progress, "settled %.0f ms after the event", ms(settled))
 		}
 		return event, err
 	}()
 	out := <-done
 	samples := smp.Stop()
 	if out.err != nil {
-		return nil, out.err
+		return nil, errors.Join(out.err, settleErr)
 	}
-	settled := rep.SettledMS
-	*rep = NewReport(out.res, samples)
+	r := NewReport(out.res, samples)
+	rep := &r
 	if settleErr == nil {
-		rep.SettledMS = settled
+		rep.SettledMS = ms(settled)
 	}
 	rep.Scenario, rep.Target, rep.URL, rep.Node, rep.Nodes = o.Scenario, "cluster", o.URL, o.Node, names
 	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
