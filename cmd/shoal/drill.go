@@ -30,7 +30,7 @@ var drillCommand = &cli.Command{
 		"removes it (needs root). Otherwise it drills a real cluster: --vip (or --url)\n" +
 		"is the target, the global --socket the local agent, and plug reaches the node\n" +
 		"over the authenticated peer API (--peer ADDR --key-file F); its plug is put back\n" +
-		"at the end.",
+		"at the end. Flags go before the scenario: shoal drill --lab --keepalive plug.",
 	Flags: []cli.Flag{
 		&cli.BoolFlag{Name: "lab", Usage: "build a lab, run the drill in it, remove it"},
 		&cli.IntFlag{Name: "nodes", Value: 3, Usage: "lab: number of nodes"},
