@@ -151,7 +151,10 @@ func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
 		}
 		return Drop, DropDirtyNoConn
 	case Draining:
-		if f.tcp && c.conns.HoldsConn(f.client, f.vip) {
+		// A SYN opens a new connection, which is never this node's here,
+		// even when it finds the TIME_WAIT socket of an old one on the same
+		// ports (the kernel would take it as a new connection).
+		if f.tcp && !f.syn && c.conns.HoldsConn(f.client, f.vip) {
 			return Accept, NoReason
 		}
 		return Drop, DropDrainNoConn

@@ -37,6 +37,8 @@ func TestSocketLookup(t *testing.T) {
 	estICMP := pkt{src: netip.MustParseAddr("198.18.9.9"), dst: vip, proto: layers.IPProtocolICMPv4, icmpType: 3,
 		inner: embedded(pkt{src: vip, sport: 80, dst: conn[0].Addr(), dport: conn[0].Port(), proto: layers.IPProtocolTCP})}
 	timeWait := pkt{src: tw[0].Addr(), sport: tw[0].Port(), dst: vip, dport: tw[1].Port(), proto: layers.IPProtocolTCP, ack: true}
+	// A new connection on the ports of one in TIME_WAIT here.
+	timeWaitSyn := pkt{src: tw[0].Addr(), sport: tw[0].Port(), dst: vip, dport: tw[1].Port(), proto: layers.IPProtocolTCP, syn: true}
 	unknown := pkt{src: stranger, sport: 40000, dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true}
 	syn := pkt{src: stranger, sport: 40001, dst: vip, dport: 80, proto: layers.IPProtocolTCP, syn: true}
 	synack := pkt{src: stranger, sport: 40002, dst: vip, dport: 80, proto: layers.IPProtocolTCP, syn: true, ack: true}
@@ -60,6 +62,8 @@ func TestSocketLookup(t *testing.T) {
 		{"draining time-wait", Draining, timeWait, Accept},
 		{"draining unknown", Draining, unknown, Drop},
 		{"draining syn", Draining, syn, Drop},
+		{"draining syn on a time-wait's ports is a new connection", Draining, timeWaitSyn, Drop},
+		{"dirty syn on a time-wait's ports", OwnedDirty, timeWaitSyn, Accept},
 		{"draining udp", Draining, udp, Drop},
 	}
 	for _, tt := range tests {

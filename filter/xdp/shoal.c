@@ -438,7 +438,9 @@ judge:;
 			return drop(slot, R_DIRTY_NO_CONN);
 		break;
 	case ST_DRAINING:
-		if (!f.tcp || !holds_conn(ctx, &f))
+		// A SYN opens a new connection, never this node's here, even if it
+		// finds the TIME_WAIT socket of an old one on the same ports.
+		if (!f.tcp || f.syn || !holds_conn(ctx, &f))
 			return drop(slot, R_DRAIN_NO_CONN);
 		break;
 	default:
