@@ -77,17 +77,6 @@ func adminToHeartbeat(a rules.AdminState) heartbeat.AdminState {
 	return heartbeat.Stopped
 }
 
-// counts returns the number of buckets per rule in s.
-func counts(s filter.Set) map[filter.RuleID]int {
-	out := map[filter.RuleID]int{}
-	for id, m := range s {
-		if n := m.Count(); n > 0 {
-			out[id] = n
-		}
-	}
-	return out
-}
-
 // stateCounts returns, per rule, how many buckets are in state st.
 func stateCounts(t *filter.Tables, st filter.BucketState) map[filter.RuleID]int {
 	out := map[filter.RuleID]int{}

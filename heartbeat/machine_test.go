@@ -17,13 +17,12 @@ func at(periods float64) time.Time { return t0.Add(time.Duration(periods * float
 
 // harness is one Machine over toySet with a counter of owned() calls.
 type harness struct {
-	t      *testing.T
-	m      *Machine[toySet]
-	owned  int
-	seqs   map[uint32]uint64
-	incs   map[uint32]uint64
-	local  Local
-	viewOf map[uint32]View
+	t     *testing.T
+	m     *Machine[toySet]
+	owned int
+	seqs  map[uint32]uint64
+	incs  map[uint32]uint64
+	local Local
 }
 
 func newHarness(t *testing.T, self uint32, peers ...uint32) *harness {

@@ -421,16 +421,6 @@ func (s *sim) coverage() (ok bool, why string) {
 	return true, ""
 }
 
-func (s *sim) upCount() int {
-	k := 0
-	for _, n := range s.nodes {
-		if n.up {
-			k++
-		}
-	}
-	return k
-}
-
 // totalDeaths is the number of times any node declared a peer dead.
 func (s *sim) totalDeaths() uint64 {
 	var d uint64
