@@ -208,21 +208,30 @@ func RunCluster(ctx context.Context, o ClusterOptions) (*Report, error) {
 		return event, err
 	}()
 	out := <-done
-	samples := smp.Stop()
-	if out.err != nil {
-		return nil, errors.Join(out.err, settleErr)
+	rep, err := finish(out.res, out.err, smp.Stop(), q, o.Traffic, event, settled, settleErr)
+	if rep != nil {
+		rep.Scenario, rep.Target, rep.URL, rep.Node, rep.Nodes = o.Scenario, "cluster", o.URL, o.Node, names
+		rep.Settled = settledWhat(o.Scenario, "the local agent converged on a view", false)
 	}
-	r := NewReport(out.res, samples)
+	return rep, err
+}
+
+// finish builds a drill's report from the load's result, the agents'
+// samples and the event's outcome: the part every target shares.
+func finish(res load.Result, loadErr error, samples []Sample, q query, tr Traffic,
+	event time.Time, settled time.Duration, settleErr error) (*Report, error) {
+	if loadErr != nil {
+		return nil, errors.Join(loadErr, settleErr)
+	}
+	r := NewReport(res, samples)
 	rep := &r
 	if settleErr == nil {
 		rep.SettledMS = ms(settled)
 	}
-	rep.Scenario, rep.Target, rep.URL, rep.Node, rep.Nodes = o.Scenario, "cluster", o.URL, o.Node, names
 	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
-	rep.KeepAlive, rep.Concurrency, rep.Rate = o.Traffic.KeepAlive, o.Traffic.Concurrency, o.Traffic.Rate
-	rep.Settled = settledWhat(o.Scenario, "the local agent converged on a view", false)
+	rep.KeepAlive, rep.Concurrency, rep.Rate = tr.KeepAlive, tr.Concurrency, tr.Rate
 	if !event.IsZero() {
-		rep.EventAtMS = ms(event.Sub(out.res.Start))
+		rep.EventAtMS = ms(event.Sub(res.Start))
 	}
 	if settleErr != nil {
 		return rep, fmt.Errorf("drill: %w", settleErr)

@@ -162,27 +162,13 @@ func (d *labDrill) run(ctx context.Context) (*Report, error) {
 		return event, err
 	}()
 	out := <-done
-	samples := smp.Stop()
-	if out.err != nil {
-		return nil, errors.Join(out.err, settleErr)
+	rep, err := finish(out.res, out.err, smp.Stop(), q, o.Traffic, event, settled, settleErr)
+	if rep != nil {
+		rep.Scenario, rep.Target, rep.Node, rep.Nodes = o.Scenario, fmt.Sprintf("lab %s (%d nodes)", l.ID, len(l.Nodes)), d.victim.Name, names
+		rep.URL = fmt.Sprintf("http://%s:%d/", l.VIP, lab.HTTPPort)
+		rep.Settled = settledWhat(o.Scenario, "every node converged", true)
 	}
-	r := NewReport(out.res, samples)
-	rep := &r
-	if settleErr == nil {
-		rep.SettledMS = ms(settled)
-	}
-	rep.Scenario, rep.Target, rep.Node, rep.Nodes = o.Scenario, fmt.Sprintf("lab %s (%d nodes)", l.ID, len(l.Nodes)), d.victim.Name, names
-	rep.URL = fmt.Sprintf("http://%s:%d/", l.VIP, lab.HTTPPort)
-	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
-	rep.KeepAlive, rep.Concurrency, rep.Rate = o.Traffic.KeepAlive, o.Traffic.Concurrency, o.Traffic.Rate
-	rep.Settled = settledWhat(o.Scenario, "every node converged", true)
-	if !event.IsZero() {
-		rep.EventAtMS = ms(event.Sub(out.res.Start))
-	}
-	if settleErr != nil {
-		return rep, fmt.Errorf("drill: %w", settleErr)
-	}
-	return rep, nil
+	return rep, err
 }
 
 // act applies the scenario and returns the check that passes once the
