@@ -326,6 +326,10 @@ func (a *Agent) poke() {
 func (a *Agent) loop(ctx context.Context) error {
 	rulesCh, stopSub := a.store.Subscribe()
 	defer stopSub()
+	// Changes applied before the subscription started sent no notice.
+	a.mu.Lock()
+	a.applyRules(time.Now(), a.store.State())
+	a.mu.Unlock()
 	msgs := make(chan *heartbeat.Message, 256)
 	go a.link.Serve(func(m *heartbeat.Message, _ netip.AddrPort) {
 		select {

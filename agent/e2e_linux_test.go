@@ -62,6 +62,12 @@ func TestMain(m *testing.M) {
 // multiple hosts, affinity none) and removes it when the test ends.
 func upLab(t *testing.T, n int) *lab.Lab {
 	t.Helper()
+	return upLabWith(t, lab.Options{Nodes: n})
+}
+
+// upLabWith is upLab with more options.
+func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("end-to-end lab tests need root (network namespaces, XDP)")
 	}
@@ -73,7 +79,8 @@ func upLab(t *testing.T, n int) *lab.Lab {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	l, err := lab.Up(ctx, lab.Options{Nodes: n, Binary: shoalBin, Base: t.TempDir()})
+	o.Binary, o.Base = shoalBin, t.TempDir()
+	l, err := lab.Up(ctx, o)
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
@@ -785,5 +792,19 @@ func TestE2ETeardown(t *testing.T) {
 	vip, mcast, xdp, ign, ann = state()
 	if vip || mcast || xdp || ign != "0" || ann != "0" {
 		t.Errorf("after exit: vip on lo %v, cluster mac joined %v, xdp %v, arp_ignore %s, arp_announce %s; want none left", vip, mcast, xdp, ign, ann)
+	}
+}
+
+// TestE2EParallelStart: every agent starting at the same instant, as at a
+// data centre's power-on, still converges. (Agents once missed the rules
+// applied between their registration and the start of their loop, and one
+// start in four never converged.)
+func TestE2EParallelStart(t *testing.T) {
+	for i := 0; i < 3; i++ {
+		l := upLabWith(t, lab.Options{Nodes: 3, ParallelStart: true})
+		poll(t, 10*time.Second, "three nodes cover every bucket", func() error { return covered(l, "node1", "node2", "node3") })
+		if err := l.Down(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
