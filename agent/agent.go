@@ -48,6 +48,8 @@ type Agent struct {
 	machine     *heartbeat.Machine[filter.Set]
 	hbStatus    heartbeat.Status[filter.Set]
 	held        filter.Set
+	heldKey     string            // setKey(held), for cheap comparison
+	drainingHB  heartbeat.Buckets // last.draining as heartbeats carry it
 	conns       int
 	last        plan
 	lastKey     reconcileKey
@@ -308,7 +310,7 @@ func (a *Agent) setLocal(now time.Time) {
 	a.machine.SetLocal(now, heartbeat.Local{
 		Admin: adminToHeartbeat(admin), Healthy: healthy,
 		RulesIndex: a.rstate.Index, Seed: a.rstate.Settings.HashSeed,
-		Draining: toHeartbeat(a.last.draining),
+		Draining: a.drainingHB,
 		Counters: heartbeat.Counters{Connections: uint64(a.conns)},
 	})
 }
@@ -386,6 +388,7 @@ func (a *Agent) scanLocked() {
 		return
 	}
 	a.held = holdings(a.fcfg, conns)
+	a.heldKey = setKey(a.held)
 	a.conns = len(conns)
 }
 
@@ -432,7 +435,7 @@ func (a *Agent) peerAddrs() []netip.AddrPort {
 // with a.mu held.
 func (a *Agent) reconcile() {
 	st := a.machine.Status()
-	key := reconcileKey{hbVersion: st.Version, rulesIndex: a.rstate.Index, plugged: a.plugged, held: setKey(a.held)}
+	key := reconcileKey{hbVersion: st.Version, rulesIndex: a.rstate.Index, plugged: a.plugged, held: a.heldKey}
 	if key == a.lastKey && a.last.tables != nil {
 		return
 	}
@@ -448,6 +451,7 @@ func (a *Agent) reconcile() {
 		return
 	}
 	a.last, a.lastKey, a.tablesIndex = p, key, a.rstate.Index
+	a.drainingHB = toHeartbeat(p.draining)
 	if !st.View.Equal(prevView) {
 		a.log.Info("view changed", "eligible", st.View.Eligible, "rules_index", st.View.RulesIndex, "converged", st.Converged)
 		if a.arp != nil && !a.plugged {
