@@ -93,7 +93,7 @@ func run(ctx context.Context, binary string, nodes, cycles int, period time.Dura
 			return res, err
 		}
 		pulled := time.Now()
-		if err := poll(ctx, 15*time.Second, func() error {
+		if err := lab.Poll(ctx, 15*time.Second, 20*time.Millisecond, func() error {
 			st, err := l.Statuses(ctx, survivors)
 			if err != nil {
 				return err
@@ -109,7 +109,7 @@ func run(ctx context.Context, binary string, nodes, cycles int, period time.Dura
 		if err := l.Plug(ctx, victim.Name); err != nil {
 			return res, err
 		}
-		if err := poll(ctx, 30*time.Second, func() error {
+		if err := lab.Poll(ctx, 30*time.Second, 20*time.Millisecond, func() error {
 			st, err := l.Statuses(ctx, l.Nodes)
 			if err != nil {
 				return err
@@ -133,24 +133,6 @@ func run(ctx context.Context, binary string, nodes, cycles int, period time.Dura
 	return res, nil
 }
 
-// poll calls check every 20 ms until it passes or timeout.
-func poll(ctx context.Context, timeout time.Duration, check func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("after %v: %w", timeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
 
 func absPath(p string) (string, error) {
 	if _, err := os.Stat(p); err != nil {

@@ -24,7 +24,7 @@ func BenchmarkDirectHTTP(b *testing.B) {
 			if _, err := l.Start(n.Name, "serve", "lab", "serve", "--name", n.Name, "--listen", n.Addr.String()+":80"); err != nil {
 				b.Fatal(err)
 			}
-			if err := poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() error {
+			if err := Poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() error {
 				var err error
 				ierr := inNamespace(b, l.Client.Namespace, func() error {
 					c, derr := net.DialTimeout("tcp", n.Addr.String()+":80", time.Second)

@@ -253,7 +253,7 @@ func (l *Lab) startCluster(ctx context.Context, period time.Duration, parallel b
 
 // waitConverged waits until nodes have converged on a view of them all.
 func (l *Lab) waitConverged(ctx context.Context, nodes []Host, timeout time.Duration) error {
-	if err := poll(ctx, timeout, 50*time.Millisecond, func() error {
+	if err := Poll(ctx, timeout, 50*time.Millisecond, func() error {
 		if err := l.agentsAlive(); err != nil {
 			return err
 		}
@@ -329,9 +329,9 @@ func (l *Lab) Statuses(ctx context.Context, nodes []Host) ([]NodeStatus, error) 
 	return out, errors.Join(errs...)
 }
 
-// poll calls check every interval until it returns nil, the deadline passes
+// Poll calls check every interval until it returns nil, the deadline passes
 // or ctx ends; the error then carries check's last answer.
-func poll(ctx context.Context, timeout, interval time.Duration, check func() error) error {
+func Poll(ctx context.Context, timeout, interval time.Duration, check func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := check()
@@ -362,7 +362,7 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	if err := poll(ctx, timeout, 50*time.Millisecond, func() error {
+	if err := Poll(ctx, timeout, 50*time.Millisecond, func() error {
 		st, err := l.Statuses(ctx, l.Nodes)
 		if err != nil {
 			return err

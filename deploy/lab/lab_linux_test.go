@@ -295,7 +295,7 @@ func TestDownAfterCrash(t *testing.T) {
 // waitFor polls check until it returns nil or timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, check func() error) {
 	t.Helper()
-	if err := poll(context.Background(), timeout, 20*time.Millisecond, check); err != nil {
+	if err := Poll(context.Background(), timeout, 20*time.Millisecond, check); err != nil {
 		t.Fatal(err)
 	}
 }

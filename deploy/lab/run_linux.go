@@ -165,7 +165,7 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 // bucket without node dead, and returns the time since pulled.
 func (l *Lab) waitCovered(ctx context.Context, survivors []Host, rules []string, dead uint32, pulled time.Time, timeout time.Duration) (time.Duration, error) {
 	var last error
-	err := poll(ctx, timeout, 20*time.Millisecond, func() error {
+	err := Poll(ctx, timeout, 20*time.Millisecond, func() error {
 		st, err := l.Statuses(ctx, survivors)
 		if err != nil {
 			last = err
@@ -186,7 +186,7 @@ func (l *Lab) waitAllCovered(ctx context.Context, rules []string, timeout time.D
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
-	return poll(ctx, timeout, 50*time.Millisecond, func() error {
+	return Poll(ctx, timeout, 50*time.Millisecond, func() error {
 		st, err := l.Statuses(ctx, l.Nodes)
 		if err != nil {
 			return err
