@@ -133,7 +133,6 @@ func run(ctx context.Context, binary string, nodes, cycles int, period time.Dura
 	return res, nil
 }
 
-
 func absPath(p string) (string, error) {
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("shoal binary: %w (build it with make build)", err)
