@@ -355,7 +355,8 @@ func TestE2EBalanceAndPacketAccounting(t *testing.T) {
 	phase("weights 100-50-0", map[string]float64{"node1": 2.0 / 3, "node2": 1.0 / 3, "node3": 0})
 
 	// `shoal simulate` names the node a real connection lands on.
-	for port := 41000; port < 41010; port++ {
+	// Source ports below the ephemeral range, so the load generator holds none.
+	for port := 21000; port < 21010; port++ {
 		flow := fmt.Sprintf("%s:%d", l.Client.Addr, port)
 		out := mustShoal(t, l, "node2", "simulate", "--json", flow, l.VIP.String()+":80")
 		var sim agent.Simulation
