@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -51,7 +52,7 @@ func (n *Node) RuleOf(id RuleID) NodeRule {
 
 // Node returns the registered node with id, or nil.
 func (c *Config) Node(id NodeID) *Node {
-	i, ok := slices.BinarySearchFunc(c.Nodes, id, func(n Node, id NodeID) int { return int64cmp(int64(n.ID), int64(id)) })
+	i, ok := slices.BinarySearchFunc(c.Nodes, id, func(n Node, id NodeID) int { return cmp.Compare(n.ID, id) })
 	if !ok {
 		return nil
 	}
@@ -60,21 +61,11 @@ func (c *Config) Node(id NodeID) *Node {
 
 // Rule returns the rule with id, or nil. DefaultRule has no Rule value.
 func (c *Config) Rule(id RuleID) *Rule {
-	i, ok := slices.BinarySearchFunc(c.Rules, id, func(r Rule, id RuleID) int { return int64cmp(int64(r.ID), int64(id)) })
+	i, ok := slices.BinarySearchFunc(c.Rules, id, func(r Rule, id RuleID) int { return cmp.Compare(r.ID, id) })
 	if !ok {
 		return nil
 	}
 	return &c.Rules[i]
-}
-
-func int64cmp(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Validate checks that the configuration is one the ownership function and

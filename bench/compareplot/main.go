@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/shoalnet/shoal/deploy/drill"
 )
 
 var targets = []struct{ key, label, color string }{
@@ -96,7 +98,7 @@ func write(w io.Writer, title string, rps map[key]map[string]float64, groups []k
 			maxV = math.Max(maxV, v)
 		}
 	}
-	step := niceStep(maxV / 5)
+	step := drill.NiceStep(maxV / 5)
 	yMax := math.Ceil(maxV/step) * step
 	if yMax == 0 {
 		yMax, step = 1, 1
@@ -148,17 +150,4 @@ func ratio(a, b float64) float64 {
 		return 0
 	}
 	return a / b
-}
-
-func niceStep(v float64) float64 {
-	if v <= 0 {
-		return 1
-	}
-	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if v <= m*p {
-			return m * p
-		}
-	}
-	return 10 * p
 }

@@ -66,7 +66,7 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#e5e5e5"/>`+"\n", x0, y, x1, y)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%s</text>`+"\n", x0-6, y+4, humanRate(v))
 	}
-	xStep := niceStep(spanMS/1000/10) * 1000
+	xStep := NiceStep(spanMS/1000/10) * 1000
 	for t := 0.0; t <= spanMS+1; t += xStep {
 		x := xOf(t)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#f0f0f0"/>`+"\n", x, y1, x, y0)
@@ -165,12 +165,12 @@ func niceAxis(v float64) (top, step float64) {
 	if v <= 0 {
 		return 10, 2
 	}
-	step = niceStep(v / 5)
+	step = NiceStep(v / 5)
 	return math.Ceil(v/step) * step, step
 }
 
-// niceStep rounds v up to 1, 2 or 5 times a power of ten.
-func niceStep(v float64) float64 {
+// NiceStep rounds v up to 1, 2 or 5 times a power of ten.
+func NiceStep(v float64) float64 {
 	if v <= 0 {
 		return 1
 	}
