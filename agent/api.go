@@ -7,12 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/shoalnet/shoal/rules"
 )
@@ -153,26 +149,4 @@ func recoverer(h http.Handler) http.Handler {
 		}()
 		h.ServeHTTP(w, r)
 	})
-}
-
-// listenUnix opens the control socket with mode 0600, replacing a stale
-// socket file left by an agent that died.
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket dir: %w", err)
-	}
-	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("control socket %s: another agent is running", path)
-	}
-	os.Remove(path)
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	return l, nil
 }
