@@ -45,8 +45,8 @@ type Agent struct {
 	rstate      *rules.State
 	fcfg        *filter.Config
 	assigner    filter.Assigner // remembers each rule's table between views
-	machine     *heartbeat.Machine[filter.Set]
-	hbStatus    heartbeat.Status[filter.Set]
+	machine     *heartbeat.Machine[filter.Grant]
+	hbStatus    heartbeat.Status[filter.Grant]
 	held        filter.Set
 	heldKey     string            // setKey(held), for cheap comparison
 	drainingHB  heartbeat.Buckets // last.draining as heartbeats carry it
@@ -268,7 +268,7 @@ func (a *Agent) newMachine(now time.Time) error {
 	m, err := heartbeat.NewMachine(heartbeat.Config{
 		ClusterID: st.Settings.ClusterID, Self: uint32(a.self), Key: a.key,
 		Period: st.Settings.HeartbeatPeriod, Tolerance: st.Settings.HeartbeatTolerance,
-	}.WithDefaults(), now, a.owned, func(x, y filter.Set) filter.Set { return x.Intersect(y) })
+	}.WithDefaults(), now, a.owned, filter.Grant.Intersect)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
@@ -278,13 +278,15 @@ func (a *Agent) newMachine(now time.Time) error {
 }
 
 // owned is the machine's ownership function: the buckets this node owns in
-// view v under the current rules. The machine calls it with a.mu held.
-func (a *Agent) owned(v heartbeat.View) filter.Set {
+// view v under the current rules, with what they mean (the rules' mapping
+// fingerprints), so that a view change releases every rule whose buckets
+// now hold other flows. The machine calls it with a.mu held.
+func (a *Agent) owned(v heartbeat.View) filter.Grant {
 	elig := make([]filter.NodeID, len(v.Eligible))
 	for i, id := range v.Eligible {
 		elig[i] = filter.NodeID(id)
 	}
-	return a.assigner.Assign(a.fcfg, elig).Owned(a.self)
+	return a.assigner.Assign(a.fcfg, elig).Grant(a.self)
 }
 
 // applyRules feeds a new rules state to the machine. Call with a.mu held.
@@ -445,7 +447,8 @@ func (a *Agent) reconcile() {
 	if n := a.rstate.Node(a.self); n != nil {
 		admin = n.Admin
 	}
-	p := planTables(a.fcfg, a.self, admin, a.plugged, st.Accept, fromHeartbeat(st.PeersDraining), a.held)
+	p := planTables(a.fcfg, a.self, admin, a.plugged, st.Accept.Buckets,
+		peersDraining(a.fcfg, a.rstate.Index, st.Peers, st.PeersDraining), a.held)
 	if err := a.dp.Update(p.tables, a.ifi.HardwareAddr); err != nil {
 		a.log.Error("update xdp tables; keeping the previous ones", "err", err)
 		return

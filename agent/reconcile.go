@@ -34,6 +34,32 @@ func planTables(cfg *filter.Config, self filter.NodeID, admin rules.AdminState, 
 	}
 }
 
+// peersDraining returns the buckets other nodes hold connections in, in
+// this node's coordinates (rules applied up to index). A live peer that has
+// applied another rules index names its buckets under other mappings, and
+// its connections may sit in any bucket here; until it catches up every
+// bucket counts as dirty, so none is taken clean from it.
+func peersDraining(cfg *filter.Config, index uint64, peers []heartbeat.PeerStatus, union heartbeat.Buckets) filter.Set {
+	for _, p := range peers {
+		if p.Live && p.RulesIndex != index {
+			all := filter.Set{}
+			for _, id := range cfg.RuleIDs() {
+				all[id] = full()
+			}
+			return all
+		}
+	}
+	return fromHeartbeat(union)
+}
+
+func full() *filter.Bitmap {
+	var m filter.Bitmap
+	for i := range m {
+		m[i] = ^uint64(0)
+	}
+	return &m
+}
+
 // toHeartbeat converts a bucket set to heartbeat's wire form.
 func toHeartbeat(s filter.Set) heartbeat.Buckets {
 	out := heartbeat.Buckets{}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -65,5 +66,31 @@ func TestBucketsWireRoundTrip(t *testing.T) {
 	back := fromHeartbeat(toHeartbeat(s))
 	if !back.Equal(s) {
 		t.Errorf("round trip lost buckets: %v -> %v", s, back)
+	}
+}
+
+// TestPeersDraining checks that a live peer on another rules index makes
+// every bucket dirty (its announcements are in other coordinates), and that
+// otherwise the peers' announcements are taken as they are.
+func TestPeersDraining(t *testing.T) {
+	cfg := &filter.Config{Rules: []filter.Rule{{ID: 4, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP}}}
+	union := heartbeat.Buckets{4: {9}}
+	tests := []struct {
+		name      string
+		peers     []heartbeat.PeerStatus
+		wantCount int
+	}{
+		{"same index", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}}, 1},
+		{"dead peer on an old index", []heartbeat.PeerStatus{{ID: 2, RulesIndex: 9}}, 1},
+		{"live peer behind", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}, {ID: 3, Live: true, RulesIndex: 9}}, 2 * filter.NumBuckets},
+		{"live peer ahead", []heartbeat.PeerStatus{{ID: 3, Live: true, RulesIndex: 11}}, 2 * filter.NumBuckets},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := peersDraining(cfg, 10, tc.peers, union)
+			if got.Count() != tc.wantCount || !got.Has(4, 9) {
+				t.Errorf("%d dirty buckets (bucket 9 of rule 4: %v), want %d", got.Count(), got.Has(4, 9), tc.wantCount)
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 // every bucket of every rule, NoNode where nobody may take new connections.
 type Owners struct {
 	Rules map[RuleID]*[NumBuckets]NodeID
+	Maps  map[RuleID]*Mapping // what each rule's bucket numbers mean (Config.Mappings)
 }
 
 // Assign computes every bucket's owner given the eligible nodes (live,
@@ -35,8 +36,10 @@ func Assign(c *Config, eligible []NodeID) *Owners {
 // changing one node's weight on one rule recomputes that rule only. A nil
 // Assigner remembers nothing. It is not safe for concurrent use.
 type Assigner struct {
-	memo map[string]*[NumBuckets]NodeID // by ruleInputs
-	next map[string]*[NumBuckets]NodeID // filled during one Assign
+	memo   map[string]*[NumBuckets]NodeID // by ruleInputs
+	next   map[string]*[NumBuckets]NodeID // filled during one Assign
+	mapsOf *Config                        // the config maps was computed from
+	maps   map[RuleID]*Mapping
 }
 
 // Assign is Assign with memory. The tables it returns are shared with later
@@ -53,6 +56,15 @@ func (a *Assigner) Assign(c *Config, eligible []NodeID) *Owners {
 		defer func() { a.memo, a.next = a.next, nil }()
 	}
 	o := &Owners{Rules: make(map[RuleID]*[NumBuckets]NodeID, len(c.Rules)+1)}
+	switch {
+	case a == nil:
+		o.Maps = c.Mappings()
+	case a.mapsOf == c:
+		o.Maps = a.maps
+	default:
+		o.Maps = c.Mappings()
+		a.mapsOf, a.maps = c, o.Maps
+	}
 	o.Rules[DefaultRule] = fill(defaultHost(c, elig))
 	for i := range c.Rules {
 		r := &c.Rules[i]
