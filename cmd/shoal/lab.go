@@ -21,6 +21,8 @@ var labBaseFlag = &cli.StringFlag{Name: "base", Value: lab.DefaultBase, Hidden: 
 
 var labBuildFlags = []cli.Flag{
 	&cli.IntFlag{Name: "nodes", Value: 3, Usage: "number of node namespaces"},
+	&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin),
+		Usage: "the HTTP server on every node: builtin (VIP:80), dualstack (the built-in one on [::]:80), nginx or apache (Debian's)"},
 	&cli.DurationFlag{Name: "period", Usage: "heartbeat period of the agents (default: the agent's)"},
 	&cli.BoolFlag{Name: "parallel-start", Hidden: true, Usage: "start every agent at once (default: one after the other)"},
 	&cli.BoolFlag{Name: "keep-failed", Hidden: true, Usage: "leave a lab that failed to come up in place, for its logs"},
@@ -51,7 +53,7 @@ var labUpCommand = &cli.Command{
 			return err
 		}
 		w := c.App.Writer
-		fmt.Fprintf(w, "lab %s is up: VIP %s\n", l.ID, l.VIP)
+		fmt.Fprintf(w, "lab %s is up: VIP %s, server %s\n", l.ID, l.VIP, l.Server)
 		for _, n := range l.Nodes {
 			fmt.Fprintf(w, "  %s %s  shoal --socket %s status\n", n.Name, n.Addr, n.Socket)
 		}
@@ -237,6 +239,7 @@ func labOptions(c *cli.Context) lab.Options {
 	return lab.Options{
 		Nodes:  c.Int("nodes"),
 		Period: c.Duration("period"),
+		Server: lab.Server(c.String("server")),
 		Binary: c.String("binary"),
 		Base:   c.String("base"),
 		Log:    cliLogger(c),

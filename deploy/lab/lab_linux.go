@@ -27,6 +27,10 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if o.Nodes == 0 {
 		o.Nodes = 3
 	}
+	server, err := ParseServer(string(o.Server))
+	if err != nil {
+		return nil, err
+	}
 	if o.Base == "" {
 		o.Base = DefaultBase
 	}
@@ -49,6 +53,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		return nil, err
 	}
 	st.Binary = o.Binary
+	st.Server = server
 	st.Created = time.Now()
 	l = &Lab{State: *st, log: o.Log.With("lab", st.ID), ctl: Ctl{Binary: o.Binary}, waits: map[int]chan struct{}{}}
 	defer func() {
@@ -235,8 +240,7 @@ func (l *Lab) startCluster(ctx context.Context, period time.Duration, parallel b
 		if _, err := l.Start(n.Name, "agent", "agent", "--config", n.Config); err != nil {
 			return err
 		}
-		if _, err := l.Start(n.Name, "serve", "lab", "serve", "--name", n.Name,
-			"--listen", fmt.Sprintf("%s:%d", l.VIP, HTTPPort)); err != nil {
+		if _, err := l.StartServer(ctx, n.Name); err != nil {
 			return err
 		}
 		if parallel || i == len(l.Nodes)-1 {
@@ -273,6 +277,12 @@ func (l *Lab) waitConverged(ctx context.Context, nodes []Host, timeout time.Dura
 // its own session (a Ctrl-C on the terminal reaches only the lab), logging
 // to <dir>/<host>.<role>.log, and records it for Down.
 func (l *Lab) Start(host, role string, args ...string) (Proc, error) {
+	return l.StartProgram(host, role, l.Binary, args...)
+}
+
+// StartProgram is Start for another program: path runs with args in
+// host's namespace.
+func (l *Lab) StartProgram(host, role, path string, args ...string) (Proc, error) {
 	h, ok := l.HostByName(host)
 	if !ok {
 		return Proc{}, fmt.Errorf("lab: no host %q", host)
@@ -283,7 +293,7 @@ func (l *Lab) Start(host, role string, args ...string) (Proc, error) {
 		return Proc{}, fmt.Errorf("lab: %w", err)
 	}
 	defer f.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", h.Namespace, l.Binary}, args...)...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", h.Namespace, path}, args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -448,6 +458,11 @@ func (l *Lab) Down(ctx context.Context) error {
 		}
 	}
 	if len(errs) == 0 {
+		if l.WebRoot != "" {
+			if err := os.RemoveAll(l.WebRoot); err != nil {
+				errs = append(errs, fmt.Errorf("lab: %w", err))
+			}
+		}
 		if err := os.RemoveAll(l.Dir); err != nil {
 			errs = append(errs, fmt.Errorf("lab: %w", err))
 		}

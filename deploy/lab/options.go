@@ -14,6 +14,7 @@ type Options struct {
 	Binary string        // the shoal binary the namespaces run; os.Executable() if empty
 	Base   string        // state and work directories; DefaultBase if empty
 	Period time.Duration // agents' heartbeat period; the agent's default if zero
+	Server Server        // the HTTP server on every node; ServerBuiltin if empty
 	// NoAgents builds the network only: no agent, no HTTP server, no rule.
 	NoAgents bool
 	// ParallelStart starts every agent at once instead of one after the
@@ -82,7 +83,7 @@ type Status struct {
 
 // WriteText prints the status for a person.
 func (s Status) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "lab %s: VIP %s on 198.18.%d.0/24, work dir %s\n", s.ID, s.VIP, s.Subnet, s.Dir)
+	fmt.Fprintf(w, "lab %s: VIP %s on 198.18.%d.0/24, server %s, work dir %s\n", s.ID, s.VIP, s.Subnet, s.Server, s.Dir)
 	fmt.Fprintln(w, "namespaces:")
 	for _, ns := range s.Namespaces {
 		fmt.Fprintf(w, "  %-20s %s\n", ns, upDown(s.NamespaceUp[ns]))

@@ -62,10 +62,15 @@ type State struct {
 	Binary string     `json:"binary"` // the shoal binary the processes run
 	// Namespaces lists the namespaces in creation order; a name is recorded
 	// before it is created.
-	Namespaces []string  `json:"namespaces"`
-	Procs      []Proc    `json:"processes"`
-	KeyFile    string    `json:"key_file,omitempty"`
-	Created    time.Time `json:"created"`
+	Namespaces []string `json:"namespaces"`
+	Procs      []Proc   `json:"processes"`
+	KeyFile    string   `json:"key_file,omitempty"`
+	// Server is the HTTP server every node runs; WebRoot, if set, is a
+	// directory outside Dir that the server's unprivileged processes can
+	// read (Apache's document roots).
+	Server  Server    `json:"server,omitempty"`
+	WebRoot string    `json:"web_root,omitempty"`
+	Created time.Time `json:"created"`
 }
 
 // Host is one namespace on the switch: a node or the client.
