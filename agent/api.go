@@ -22,6 +22,8 @@ type control interface {
 	listRules() []RuleInfo
 	addRule(ctx context.Context, req RuleRequest) (RuleInfo, error)
 	removeRule(ctx context.Context, target string) error
+	editRule(ctx context.Context, target string, req RuleEditRequest) (RuleInfo, error)
+	setSettings(ctx context.Context, req SettingsRequest) error
 	setRuleState(ctx context.Context, req RuleStateRequest) error
 	setWeight(ctx context.Context, req WeightRequest) error
 	setPriority(ctx context.Context, req PriorityRequest) error
@@ -75,7 +77,20 @@ func controlHandler(c control) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("PUT /v1/rules/{target}", func(w http.ResponseWriter, r *http.Request) {
+		var req RuleEditRequest
+		if !decode(w, r, &req) {
+			return
+		}
+		info, err := c.editRule(r.Context(), r.PathValue("target"), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, info)
+	})
 	mux.HandleFunc("POST /v1/rules/state", handle(c.setRuleState))
+	mux.HandleFunc("POST /v1/settings", handle(c.setSettings))
 	mux.HandleFunc("POST /v1/weight", handle(c.setWeight))
 	mux.HandleFunc("POST /v1/priority", handle(c.setPriority))
 	mux.HandleFunc("POST /v1/plug", handle(c.plug))

@@ -31,6 +31,14 @@ func (f *fakeControl) addRule(_ context.Context, r RuleRequest) (RuleInfo, error
 	return RuleInfo{ID: 7}, f.err
 }
 func (f *fakeControl) removeRule(_ context.Context, t string) error { f.last = t; return f.err }
+func (f *fakeControl) editRule(_ context.Context, t string, r RuleEditRequest) (RuleInfo, error) {
+	f.last = [2]any{t, r}
+	return RuleInfo{ID: 3, Affinity: r.Affinity}, f.err
+}
+func (f *fakeControl) setSettings(_ context.Context, r SettingsRequest) error {
+	f.last = r
+	return f.err
+}
 func (f *fakeControl) setRuleState(_ context.Context, r RuleStateRequest) error {
 	f.last = r
 	return f.err
@@ -66,6 +74,11 @@ func TestControlAPI(t *testing.T) {
 		{"no quorum", "POST", "/v1/admin", `{"state":"stopped"}`, fmt.Errorf("%w: 1 of 3 voters", rules.ErrNoQuorum), 503, "1 of 3"},
 		{"rule created", "POST", "/v1/rules", `{"ports":"80"}`, nil, 201, `"id":7`},
 		{"remove", "DELETE", "/v1/rules/198.18.0.1:80", "", nil, 204, ""},
+		{"edit", "PUT", "/v1/rules/198.18.0.1:80", `{"affinity":"single"}`, nil, 200, `"affinity":"single"`},
+		{"edit unknown", "PUT", "/v1/rules/9", `{"affinity":"single"}`, fmt.Errorf("%w: rule 9", rules.ErrUnknownRule), 404, "rule 9"},
+		{"edit bad field", "PUT", "/v1/rules/1", `{"weight":"1"}`, nil, 400, "unknown field"},
+		{"settings", "POST", "/v1/settings", `{"hash_seed":7}`, nil, 204, ""},
+		{"settings bad", "POST", "/v1/settings", `{"hash_seed":-1}`, nil, 400, "bad request body"},
 		{"panic is a 500", "GET", "/v1/params", "", nil, 500, "params exploded"},
 		{"wrong method", "GET", "/v1/admin", "", nil, 405, ""},
 		{"no such path", "GET", "/v2/nothing", "", nil, 404, ""},

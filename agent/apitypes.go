@@ -116,6 +116,22 @@ type (
 		Mode     string `json:"mode"`
 		Affinity string `json:"affinity"`
 	}
+	// RuleEditRequest changes a port rule in place (`shoal rules set`):
+	// the fields given replace the rule's; the others, its state and every
+	// node's settings for it are kept.
+	RuleEditRequest struct {
+		VIP      string `json:"vip,omitempty"` // "all" for every VIP
+		Ports    string `json:"ports,omitempty"`
+		Proto    string `json:"proto,omitempty"`
+		Mode     string `json:"mode,omitempty"`
+		Affinity string `json:"affinity,omitempty"`
+	}
+	// SettingsRequest changes the cluster settings that are given.
+	SettingsRequest struct {
+		HashSeed           *uint32 `json:"hash_seed,omitempty"`
+		HeartbeatPeriod    string  `json:"heartbeat_period,omitempty"` // a Go duration: 75ms
+		HeartbeatTolerance *int    `json:"heartbeat_tolerance,omitempty"`
+	}
 	// RuleStateRequest enables, disables or drains a rule ("vip:port", an
 	// id, or "all"), on one node or, with AllNodes, cluster-wide.
 	RuleStateRequest struct {

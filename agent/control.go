@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/rules"
@@ -158,6 +159,76 @@ func (c *commander) removeRule(ctx context.Context, target string) error {
 		return err
 	}
 	_, err = c.apply(ctx, &rules.RemoveRule{ID: id})
+	return err
+}
+
+// editRule changes the rule target names in place, as one PutRule with
+// its id: the fields req gives replace the rule's, and the FSM keeps the
+// nodes' settings for it.
+func (c *commander) editRule(ctx context.Context, target string, req RuleEditRequest) (RuleInfo, error) {
+	st := c.store.State()
+	id, err := oneRule(st, target)
+	if err != nil {
+		return RuleInfo{}, err
+	}
+	r := *st.Rule(id)
+	changed := false
+	if req.VIP != "" {
+		r.VIP = netip.Addr{}
+		if req.VIP != "all" {
+			if r.VIP, err = netip.ParseAddr(req.VIP); err != nil {
+				return RuleInfo{}, badRequest("vip %q: %v", req.VIP, err)
+			}
+		}
+		changed = true
+	}
+	if req.Ports != "" {
+		if r.PortLo, r.PortHi, err = parsePorts(req.Ports); err != nil {
+			return RuleInfo{}, err
+		}
+		changed = true
+	}
+	if req.Proto != "" {
+		if r.Proto, err = filter.ParseProtocol(req.Proto); err != nil {
+			return RuleInfo{}, badRequest("%v", err)
+		}
+		changed = true
+	}
+	if req.Mode != "" {
+		if r.Mode, err = filter.ParseMode(req.Mode); err != nil {
+			return RuleInfo{}, badRequest("%v", err)
+		}
+		changed = true
+	}
+	if req.Affinity != "" {
+		if r.Affinity, err = filter.ParseAffinity(req.Affinity); err != nil {
+			return RuleInfo{}, badRequest("%v", err)
+		}
+		changed = true
+	}
+	if !changed {
+		return RuleInfo{}, badRequest("nothing to change: give --vip, --ports, --proto, --mode or --affinity")
+	}
+	if _, err := c.apply(ctx, &rules.PutRule{Rule: r}); err != nil {
+		return RuleInfo{}, err
+	}
+	return ruleInfo(c.store.State(), &r), nil
+}
+
+// setSettings changes the cluster settings req gives, in one command.
+func (c *commander) setSettings(ctx context.Context, req SettingsRequest) error {
+	cmd := &rules.SetSettings{HashSeed: req.HashSeed, HeartbeatTolerance: req.HeartbeatTolerance}
+	if req.HeartbeatPeriod != "" {
+		d, err := time.ParseDuration(req.HeartbeatPeriod)
+		if err != nil {
+			return badRequest("heartbeat period %q: want a duration such as 75ms", req.HeartbeatPeriod)
+		}
+		cmd.HeartbeatPeriod = &d
+	}
+	if cmd.HashSeed == nil && cmd.HeartbeatPeriod == nil && cmd.HeartbeatTolerance == nil {
+		return badRequest("nothing to change: give --hash-seed, --heartbeat-period or --heartbeat-tolerance")
+	}
+	_, err := c.apply(ctx, cmd)
 	return err
 }
 

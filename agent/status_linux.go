@@ -20,6 +20,12 @@ func (a *Agent) addRule(ctx context.Context, r RuleRequest) (RuleInfo, error) {
 	return a.cmd.addRule(ctx, r)
 }
 func (a *Agent) removeRule(ctx context.Context, t string) error { return a.cmd.removeRule(ctx, t) }
+func (a *Agent) editRule(ctx context.Context, t string, r RuleEditRequest) (RuleInfo, error) {
+	return a.cmd.editRule(ctx, t, r)
+}
+func (a *Agent) setSettings(ctx context.Context, r SettingsRequest) error {
+	return a.cmd.setSettings(ctx, r)
+}
 func (a *Agent) setRuleState(ctx context.Context, r RuleStateRequest) error {
 	return a.cmd.setRuleState(ctx, r)
 }
