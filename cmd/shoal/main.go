@@ -43,6 +43,7 @@ func newApp() *cli.App {
 			disableCommand,
 			drainCommand,
 			rulesCommand,
+			settingsCommand,
 			weightCommand,
 			priorityCommand,
 			leaveCommand,

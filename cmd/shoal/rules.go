@@ -13,7 +13,7 @@ import (
 
 var rulesCommand = &cli.Command{
 	Name:        "rules",
-	Usage:       "list, add and remove port rules",
+	Usage:       "list, add, change and remove port rules",
 	Description: "Port rules say how the cluster spreads the traffic of a VIP's port range:\nmultiple-host (by weight), single-host (by handling priority) or disabled.",
 	Subcommands: []*cli.Command{
 		{
@@ -56,6 +56,43 @@ var rulesCommand = &cli.Command{
 					return printJSON(c.App.Writer, info)
 				}
 				fmt.Fprintf(c.App.Writer, "added rule %d: %s:%s/%s %s affinity %s\n", info.ID, info.VIP, info.Ports, info.Proto, info.Mode, info.Affinity)
+				return nil
+			},
+		},
+		{
+			Name:      "set",
+			Usage:     "change a port rule in place",
+			ArgsUsage: "<vip:port|rule-id>",
+			Description: "Changes the given fields of one rule and keeps the others, its state and\n" +
+				"every node's weight and priority for it. The change is one replicated command,\n" +
+				"so no node ever sees the rule missing. Connections the rule's new mapping\n" +
+				"would move are drained like any other move.",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "vip", Usage: "the VIP, or all"},
+				&cli.StringFlag{Name: "ports", Usage: "a port or a range: 80, 8000-8099, 0-65535"},
+				&cli.StringFlag{Name: "proto", Usage: "tcp, udp or both"},
+				&cli.StringFlag{Name: "mode", Usage: "multiple, single or disabled"},
+				&cli.StringFlag{Name: "affinity", Usage: "none (client ip+port), single (client ip) or network (client /24)"},
+				jsonFlag,
+			},
+			Action: func(c *cli.Context) error {
+				target, err := oneArg(c, "<vip:port|rule-id>")
+				if err != nil {
+					return err
+				}
+				req := agent.RuleEditRequest{VIP: c.String("vip"), Ports: c.String("ports"), Proto: c.String("proto"),
+					Mode: c.String("mode"), Affinity: c.String("affinity")}
+				if req == (agent.RuleEditRequest{}) {
+					return usageError("rules set: nothing to change; give --vip, --ports, --proto, --mode or --affinity")
+				}
+				var info agent.RuleInfo
+				if err := client(c).Do(c.Context, "PUT", "/v1/rules/"+target, req, &info); err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, info)
+				}
+				fmt.Fprintf(c.App.Writer, "rule %d is now %s:%s/%s %s affinity %s\n", info.ID, info.VIP, info.Ports, info.Proto, info.Mode, info.Affinity)
 				return nil
 			},
 		},

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shoalnet/shoal/agent"
+)
+
+var settingsCommand = &cli.Command{
+	Name:  "settings",
+	Usage: "show and change the cluster settings",
+	Description: "The cluster settings are replicated with the rules: the hash seed of the\n" +
+		"ownership function and the heartbeat period and tolerance.",
+	Subcommands: []*cli.Command{
+		{
+			Name:        "show",
+			Usage:       "show the cluster settings",
+			Description: "Prints the cluster id, the hash seed and the heartbeat settings.",
+			Flags:       []cli.Flag{jsonFlag},
+			Action: func(c *cli.Context) error {
+				var q agent.Query
+				if err := client(c).Do(c.Context, "GET", "/v1/query", nil, &q); err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, q.Settings)
+				}
+				printSettings(c, q.Settings)
+				return nil
+			},
+		},
+		{
+			Name:  "set",
+			Usage: "change cluster settings",
+			Description: "Changes the settings given, in one replicated command. A new hash seed\n" +
+				"maps every flow afresh: every node releases its buckets and their\n" +
+				"connections drain where they are, as for any move.",
+			Flags: []cli.Flag{
+				&cli.Uint64Flag{Name: "hash-seed", Usage: "the ownership hash's seed (0-4294967295)"},
+				&cli.DurationFlag{Name: "heartbeat-period", Usage: "one heartbeat per period (10ms-10s)"},
+				&cli.IntFlag{Name: "heartbeat-tolerance", Usage: "periods without a heartbeat before a peer is dead (2-100)"},
+			},
+			Action: func(c *cli.Context) error {
+				var req agent.SettingsRequest
+				if c.IsSet("hash-seed") {
+					v := c.Uint64("hash-seed")
+					if v > 1<<32-1 {
+						return usageError("settings set: --hash-seed %d is over 4294967295", v)
+					}
+					seed := uint32(v)
+					req.HashSeed = &seed
+				}
+				if c.IsSet("heartbeat-period") {
+					req.HeartbeatPeriod = c.Duration("heartbeat-period").String()
+				}
+				if c.IsSet("heartbeat-tolerance") {
+					tol := c.Int("heartbeat-tolerance")
+					req.HeartbeatTolerance = &tol
+				}
+				if req.HashSeed == nil && req.HeartbeatPeriod == "" && req.HeartbeatTolerance == nil {
+					return usageError("settings set: nothing to change; give --hash-seed, --heartbeat-period or --heartbeat-tolerance")
+				}
+				cl := client(c)
+				if err := cl.Do(c.Context, "POST", "/v1/settings", req, nil); err != nil {
+					return err
+				}
+				var q agent.Query
+				if err := cl.Do(c.Context, "GET", "/v1/query", nil, &q); err != nil {
+					return err
+				}
+				printSettings(c, q.Settings)
+				return nil
+			},
+		},
+	},
+}
+
+func printSettings(c *cli.Context, s agent.SettingInfo) {
+	fmt.Fprintf(c.App.Writer, "cluster id %08x\nhash seed %d\nheartbeat period %s, tolerance %d\n",
+		s.ClusterID, s.HashSeed, s.HeartbeatPeriod, s.HeartbeatTolerance)
+}
