@@ -13,6 +13,7 @@ import (
 
 	"github.com/shoalnet/shoal/agent"
 	"github.com/shoalnet/shoal/deploy/drill"
+	"github.com/shoalnet/shoal/deploy/lab"
 )
 
 var drillCommand = &cli.Command{
@@ -35,6 +36,7 @@ var drillCommand = &cli.Command{
 		&cli.BoolFlag{Name: "lab", Usage: "build a lab, run the drill in it, remove it"},
 		&cli.IntFlag{Name: "nodes", Value: 3, Usage: "lab: number of nodes"},
 		&cli.DurationFlag{Name: "period", Usage: "lab: heartbeat period of the agents (default: the agent's)"},
+		&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin), Usage: "lab: the HTTP server on every node: builtin, dualstack, nginx or apache"},
 		&cli.StringFlag{Name: "binary", Hidden: true, Usage: "lab: the shoal binary the namespaces run (default: this one)"},
 		labBaseFlag,
 		&cli.StringFlag{Name: "vip", Usage: "cluster: the VIP to send traffic to"},
