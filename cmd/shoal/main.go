@@ -20,8 +20,10 @@ func main() {
 // newApp assembles the commands; each lives in its own file.
 func newApp() *cli.App {
 	return &cli.App{
-		Name:  "shoal",
-		Usage: "peer-to-peer network load balancing for Linux",
+		Name:                 "shoal",
+		Usage:                "peer-to-peer network load balancing for Linux",
+		Version:              buildInfo().Version,
+		EnableBashCompletion: true,
 		Description: "shoal runs on every server of a web farm. The servers share virtual IPs and\n" +
 			"each keeps, in XDP, only its share of the traffic. Run `shoal agent` on every\n" +
 			"node; the other commands talk to the local agent over its control socket.",
@@ -53,6 +55,9 @@ func newApp() *cli.App {
 			simulateCommand,
 			drillCommand,
 			labCommand,
+			versionCommand,
+			completionCommand,
+			manCommand,
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints and exits
 	}
