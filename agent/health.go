@@ -11,7 +11,9 @@ import (
 
 // healthState turns probe results into a verdict with hysteresis: Fall
 // failures in a row make a node sick, Rise successes in a row make it
-// healthy again, so one slow response does not move buckets.
+// healthy again, so one slow response does not move buckets. It starts
+// sick: a node becomes eligible only once its service has answered Rise
+// probes in a row, never before it listens.
 type healthState struct {
 	rise, fall int
 	healthy    bool
@@ -20,7 +22,7 @@ type healthState struct {
 }
 
 func newHealthState(rise, fall int) *healthState {
-	return &healthState{rise: rise, fall: fall, healthy: true}
+	return &healthState{rise: rise, fall: fall}
 }
 
 // observe records one probe result and reports whether the verdict changed.
@@ -55,7 +57,6 @@ type healthChecker struct {
 
 func newHealthChecker(cfg HealthConfig) *healthChecker {
 	hc := &healthChecker{cfg: cfg}
-	hc.healthy.Store(true)
 	hc.lastErr.Store("")
 	switch {
 	case cfg.URL != "":
@@ -84,7 +85,11 @@ func newHealthChecker(cfg HealthConfig) *healthChecker {
 			}
 			return c.Close()
 		}
+	default:
+		hc.healthy.Store(true) // nothing to probe
+		return hc
 	}
+	hc.lastErr.Store("no probe has passed yet")
 	return hc
 }
 

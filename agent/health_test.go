@@ -14,11 +14,18 @@ import (
 func TestHealthHysteresis(t *testing.T) {
 	fail := errors.New("down")
 	h := newHealthState(2, 3)
+	if h.healthy {
+		t.Fatal("a new health state is healthy, want sick until rise probes pass")
+	}
 	steps := []struct {
 		err     error
 		healthy bool
 		changed bool
 	}{
+		{nil, false, false}, // one success is not enough to start
+		{fail, false, false},
+		{nil, false, false},
+		{nil, true, true}, // rise (2) successes in a row
 		{fail, true, false},
 		{fail, true, false},
 		{nil, true, false}, // a success resets the failure streak
@@ -47,10 +54,16 @@ func TestHealthCheckerHTTP(t *testing.T) {
 	}))
 	defer srv.Close()
 	hc := newHealthChecker(HealthConfig{URL: srv.URL, Interval: 50 * time.Millisecond, Timeout: 40 * time.Millisecond, Fall: 2, Rise: 2})
+	if hc.healthy.Load() {
+		t.Fatal("healthy before any probe ran")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	flips := make(chan bool, 10)
 	go hc.run(ctx, func(ok bool) { flips <- ok })
+	if got := waitFlip(t, flips); !got || !hc.healthy.Load() {
+		t.Fatal("first flip was to sick, want healthy once rise probes passed")
+	}
 	sick.Store(true)
 	if got := waitFlip(t, flips); got {
 		t.Fatal("first flip was to healthy, want sick")
@@ -81,6 +94,9 @@ func TestHealthCheckerTCP(t *testing.T) {
 	defer cancel()
 	flips := make(chan bool, 10)
 	go hc.run(ctx, func(ok bool) { flips <- ok })
+	if got := waitFlip(t, flips); !got {
+		t.Fatal("listening port: first flip was to sick, want healthy")
+	}
 	l.Close() // the application dies
 	if got := waitFlip(t, flips); got || hc.healthy.Load() {
 		t.Fatal("closed port still healthy")
@@ -96,4 +112,36 @@ func waitFlip(t *testing.T, ch <-chan bool) bool {
 		t.Fatal("health verdict did not change within 5s")
 	}
 	return false
+}
+
+// TestHealthCheckerStartsSick: with a probe, a node is sick until rise
+// probes pass (a service that never listens never makes it healthy);
+// without one, it is healthy at once.
+func TestHealthCheckerStartsSick(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there
+	hc := newHealthChecker(HealthConfig{TCP: addr, Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond, Fall: 1, Rise: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	flips := make(chan bool, 10)
+	done := make(chan struct{})
+	go func() { defer close(done); hc.run(ctx, func(ok bool) { flips <- ok }) }()
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if hc.healthy.Load() {
+			t.Fatal("healthy while nothing listens")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if len(flips) != 0 || hc.lastErr.Load().(string) == "" {
+		t.Errorf("%d flips, last error %q; want none and the probe's error", len(flips), hc.lastErr.Load())
+	}
+	if !newHealthChecker(HealthConfig{}).healthy.Load() {
+		t.Error("no health check configured: sick, want healthy")
+	}
 }
