@@ -29,10 +29,30 @@ var broadcastMAC = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 type arpVerdict uint8
 
 const (
-	arpReplied   arpVerdict = iota // a request for a VIP, answered
-	arpNotForVIP                   // valid ARP, not asking for a VIP
-	arpMalformed                   // not a parseable Ethernet+ARP frame
+	arpReplied     arpVerdict = iota // a request for a VIP, answered
+	arpNotForVIP                     // valid ARP, not asking for a VIP
+	arpMalformed                     // not a parseable Ethernet+ARP frame
+	arpBadSender                     // asks for a VIP, but from a sender no reply may go to
+	arpRateLimited                   // would be answered, but over the reply rate
+	numARPVerdicts
 )
+
+// String names the verdict as the counters do.
+func (v arpVerdict) String() string {
+	switch v {
+	case arpReplied:
+		return "replied"
+	case arpNotForVIP:
+		return "ignored"
+	case arpMalformed:
+		return "malformed"
+	case arpBadSender:
+		return "bad_sender"
+	case arpRateLimited:
+		return "rate_limited"
+	}
+	return "unknown"
+}
 
 // arpReply answers an ARP request for one of vips. The reply frame's
 // Ethernet source is the node's own MAC while the ARP sender is the cluster
@@ -48,6 +68,9 @@ func arpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte,
 	}
 	if req.Operation != arp.OperationRequest || !isVIP(req.TargetIP, vips) {
 		return nil, arpNotForVIP
+	}
+	if !saneSender(req.SenderHardwareAddr, req.SenderIP, vips) {
+		return nil, arpBadSender
 	}
 	rep, err := arp.NewPacket(arp.OperationReply, ClusterMAC(req.TargetIP), req.TargetIP, req.SenderHardwareAddr, req.SenderIP)
 	if err != nil {
@@ -76,6 +99,31 @@ func ethernetFrame(dst, src net.HardwareAddr, p *arp.Packet) []byte {
 	copy(f[6:12], src)
 	binary.BigEndian.PutUint16(f[12:14], etherTypeARP)
 	return append(f, body...)
+}
+
+// saneSender reports whether a reply may go to the asker: a unicast MAC
+// (a reply to a multicast or broadcast sender would flood the segment, and
+// the other nodes' gratuitous ARPs carry the multicast cluster MAC) and an
+// IPv4 host address that is not a VIP. ARP probes (sender 0.0.0.0) get no
+// answer: the VIP is the cluster's, not a host's address to defend.
+func saneSender(mac net.HardwareAddr, ip netip.Addr, vips []netip.Addr) bool {
+	if len(mac) != 6 || mac[0]&1 != 0 || isZeroMAC(mac) {
+		return false
+	}
+	if !ip.Is4() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLoopback() ||
+		ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}) || isVIP(ip, vips) {
+		return false
+	}
+	return true
+}
+
+func isZeroMAC(mac net.HardwareAddr) bool {
+	for _, b := range mac {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func isVIP(a netip.Addr, vips []netip.Addr) bool {

@@ -1,75 +1,133 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/mdlayher/packet"
+	"golang.org/x/time/rate"
 )
+
+// ARP replies are rate limited, so that a flood of requests (or of forged
+// ones) costs the node a bounded amount of work and sends a bounded amount
+// of traffic. A LAN of 10,000 clients refreshing every 30 s asks ~330 times
+// a second.
+const (
+	arpReplyRate  = 1000 // replies per second, sustained
+	arpReplyBurst = 200
+)
+
+// arpStats counts the responder's verdicts; it outlives the sockets, which
+// are reopened when they fail.
+type arpStats struct {
+	n [numARPVerdicts]atomic.Uint64
+}
+
+func (s *arpStats) counters() map[string]uint64 {
+	m := make(map[string]uint64, numARPVerdicts)
+	for v := range numARPVerdicts {
+		m[v.String()] = s.n[v].Load()
+	}
+	return m
+}
 
 // arpResponder answers ARP for the VIPs on the cluster interface. Its packet
 // socket also holds the interface's membership of each cluster MAC, so the
 // membership ends with the agent, however it ends: a dead agent's node stops
 // taking frames for the cluster MAC.
 type arpResponder struct {
-	conn *packet.Conn
-	ifi  *net.Interface
-	vips []netip.Addr
+	conn    *packet.Conn
+	ifindex int
+	ownMAC  func() net.HardwareAddr // the interface's current MAC
+	limit   *rate.Limiter
+	stats   *arpStats
+	vips    atomic.Pointer[[]netip.Addr]
+	joined  []netip.Addr // whose cluster MACs the socket joined; owned by the host
 
-	replied, ignored, malformed atomic.Uint64
+	done chan struct{} // closed when serve returns
+	err  error         // why serve returned; read after done
 }
 
-func listenARP(ifi *net.Interface, vips []netip.Addr) (*arpResponder, error) {
+// listenARP opens the responder on ifi for vips and starts answering.
+func listenARP(ifi *net.Interface, vips []netip.Addr, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *arpStats) (*arpResponder, error) {
 	conn, err := packet.Listen(ifi, packet.Raw, etherTypeARP, nil)
 	if err != nil {
 		return nil, fmt.Errorf("open arp socket on %s: %w", ifi.Name, err)
 	}
-	for _, vip := range vips {
-		if err := conn.JoinGroup(ClusterMAC(vip)); err != nil {
-			conn.Close()
-			return nil, fmt.Errorf("join cluster mac %s on %s: %w", ClusterMAC(vip), ifi.Name, err)
-		}
+	a := &arpResponder{conn: conn, ifindex: ifi.Index, ownMAC: ownMAC, limit: limit, stats: stats, done: make(chan struct{})}
+	a.vips.Store(&[]netip.Addr{})
+	if err := a.setVIPs(vips); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%s: %w", ifi.Name, err)
 	}
-	return &arpResponder{conn: conn, ifi: ifi, vips: vips}, nil
+	go func() {
+		defer close(a.done)
+		a.err = a.serve()
+	}()
+	return a, nil
 }
 
-// serve answers requests until ctx ends or the socket is closed.
-func (a *arpResponder) serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { a.conn.SetReadDeadline(time.Now()) })
-	defer stop()
+// setVIPs makes the responder answer for vips and holds the membership of
+// exactly their cluster MACs. Not safe for concurrent use with itself.
+func (a *arpResponder) setVIPs(vips []netip.Addr) error {
+	vips = slices.Clone(vips)
+	var errs []error
+	joined := a.joined[:0:0]
+	for _, v := range a.joined {
+		if slices.Contains(vips, v) {
+			joined = append(joined, v)
+		} else if err := a.conn.LeaveGroup(ClusterMAC(v)); err != nil {
+			errs = append(errs, fmt.Errorf("leave cluster mac %s: %w", ClusterMAC(v), err))
+			joined = append(joined, v)
+		}
+	}
+	for _, v := range vips {
+		if slices.Contains(joined, v) {
+			continue
+		}
+		if err := a.conn.JoinGroup(ClusterMAC(v)); err != nil {
+			errs = append(errs, fmt.Errorf("join cluster mac %s: %w", ClusterMAC(v), err))
+			continue
+		}
+		joined = append(joined, v)
+	}
+	a.joined = joined
+	a.vips.Store(&vips)
+	return errors.Join(errs...)
+}
+
+// serve answers requests until the socket fails or is closed (nil).
+func (a *arpResponder) serve() error {
 	buf := make([]byte, 1600)
 	for {
 		n, _, err := a.conn.ReadFrom(buf)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
 			return fmt.Errorf("read arp: %w", err)
 		}
-		reply, v := arpReply(buf[:n], a.ifi.HardwareAddr, a.vips)
-		switch v {
-		case arpReplied:
-			if _, err := a.conn.WriteTo(reply, &packet.Addr{HardwareAddr: reply[0:6]}); err == nil {
-				a.replied.Add(1)
+		reply, v := arpReply(buf[:n], a.ownMAC(), *a.vips.Load())
+		if v == arpReplied {
+			if !a.limit.Allow() {
+				v = arpRateLimited
+			} else if _, err := a.conn.WriteTo(reply, &packet.Addr{HardwareAddr: reply[0:6]}); err != nil {
+				continue // not answered: counted as nothing
 			}
-		case arpNotForVIP:
-			a.ignored.Add(1)
-		default:
-			a.malformed.Add(1)
 		}
+		a.stats.n[v].Add(1)
 	}
 }
 
-// announce sends a gratuitous ARP for every VIP.
-func (a *arpResponder) announce() error {
+// announce sends a gratuitous ARP for each of vips.
+func (a *arpResponder) announce(vips []netip.Addr) error {
 	var errs []error
-	for _, vip := range a.vips {
-		f := gratuitousARP(a.ifi.HardwareAddr, vip)
+	for _, vip := range vips {
+		f := gratuitousARP(a.ownMAC(), vip)
 		if _, err := a.conn.WriteTo(f, &packet.Addr{HardwareAddr: broadcastMAC}); err != nil {
 			errs = append(errs, fmt.Errorf("gratuitous arp for %s: %w", vip, err))
 		}
@@ -77,4 +135,9 @@ func (a *arpResponder) announce() error {
 	return errors.Join(errs...)
 }
 
-func (a *arpResponder) close() error { return a.conn.Close() }
+// close closes the socket (leaving the cluster MACs) and waits for serve.
+func (a *arpResponder) close() error {
+	err := a.conn.Close()
+	<-a.done
+	return err
+}

@@ -84,3 +84,46 @@ func FuzzARPReply(f *testing.F) {
 		}
 	})
 }
+
+// TestARPReplySender: only a unicast sender with a host address gets an
+// answer; another node's gratuitous ARP (sender: the multicast cluster MAC
+// and the VIP) is not answered, nor is a probe, a broadcast or a forged
+// multicast sender, whose reply would flood the segment.
+func TestARPReplySender(t *testing.T) {
+	own := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x11}
+	vip := netip.MustParseAddr("198.18.7.100")
+	vips := []netip.Addr{vip}
+	unicast := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
+	asker := netip.MustParseAddr("198.18.7.1")
+	tests := []struct {
+		name string
+		mac  net.HardwareAddr
+		ip   netip.Addr
+		want arpVerdict
+	}{
+		{"unicast host", unicast, asker, arpReplied},
+		{"multicast mac", ClusterMAC(vip), asker, arpBadSender},
+		{"broadcast mac", broadcastMAC, asker, arpBadSender},
+		{"zero mac", net.HardwareAddr{0, 0, 0, 0, 0, 0}, asker, arpBadSender},
+		{"probe (sender 0.0.0.0)", unicast, netip.IPv4Unspecified(), arpBadSender},
+		{"sender claims the vip", unicast, vip, arpBadSender},
+		{"multicast ip", unicast, netip.MustParseAddr("224.0.0.1"), arpBadSender},
+		{"broadcast ip", unicast, netip.MustParseAddr("255.255.255.255"), arpBadSender},
+		{"loopback ip", unicast, netip.MustParseAddr("127.0.0.1"), arpBadSender},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := arp.NewPacket(arp.OperationRequest, tc.mac, tc.ip, net.HardwareAddr{0, 0, 0, 0, 0, 0}, vip)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reply, v := arpReply(ethernetFrame(broadcastMAC, unicast, req), own, vips)
+			if v != tc.want || (reply != nil) != (tc.want == arpReplied) {
+				t.Errorf("verdict %s (reply %v), want %s", v, reply != nil, tc.want)
+			}
+		})
+	}
+	if _, v := arpReply(gratuitousARP(own, vip), own, vips); v != arpBadSender {
+		t.Errorf("another node's gratuitous arp: verdict %s, want bad_sender", v)
+	}
+}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,94 +9,305 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+
+	"github.com/shoalnet/shoal/filter"
 )
 
-// host is the VIP setup on one machine, remembered so that teardown undoes
-// exactly what setup did and nothing else.
+// hostConfig is what setupHost needs.
+type hostConfig struct {
+	Interface string       // the cluster interface
+	DataDir   string       // where the host record lives
+	VIPs      []netip.Addr // the cluster's VIPs, from the replicated rules
+	Log       *slog.Logger
+}
+
+// xdpLink is what the host needs of the data plane: keeping the program
+// attached to the cluster interface.
+type xdpLink interface {
+	Attach(ifname string) error
+	Detach() error
+	Mode() filter.AttachMode
+}
+
+// host is the node's side of the cluster interface: the VIPs on lo, the
+// sysctls, the ARP responder (which holds the cluster MAC membership) and
+// the XDP attachment. Everything it changes is written to its record first,
+// so that teardown, in this process or after a crash in the next one, undoes
+// exactly what the agent did and nothing else.
+//
+// After start, one goroutine (run) owns the fields above the line; the
+// others are published for any reader.
 type host struct {
-	ifi       *net.Interface
-	addedVIPs []netip.Addr
-	sysctls   []sysctlChange
+	ifname string
+	log    *slog.Logger
+	rec    *hostRecord
+	xdp    xdpLink
+
+	ifindex    int              // of the interface the sysctls, ARP and XDP are on
+	sysctlsOK  bool             // set on ifindex
+	xdpIndex   int              // the ifindex XDP is attached to, 0 if none
+	vips       []netip.Addr     // the cluster's VIPs
+	foreign    []netip.Addr     // VIPs found on lo that are not the agent's
+	arp        *arpResponder    // nil while it is down
+	arpStats   *arpStats        // outlives the responders
+	arpLimit   *rate.Limiter    // shared by the responders
+	arpRestart atomic.Uint64    // responders reopened after a failure
+	arpFailed  time.Time        // when a responder last failed
+	lastErr    map[string]error // last logged problem by kind, to log changes once
+
+	mac    atomic.Pointer[net.HardwareAddr] // the interface's MAC now
+	pushed atomic.Pointer[net.HardwareAddr] // the MAC the data plane last got
+	status atomic.Pointer[hostStatus]
+
+	vipsCh     chan []netip.Addr // setVIPs to run, latest wins
+	announceCh chan struct{}
+	cancel     func()
+	done       chan struct{} // closed when run returns
 }
 
-type sysctlChange struct {
-	path, old string
+// hostStatus is the host's health as run last found it.
+type hostStatus struct {
+	ok     bool
+	reason string
 }
 
-// setupHost puts each VIP on lo as a /32 and stops the kernel from answering
-// ARP for it with the interface's own MAC (arp_ignore=1: answer only for
-// addresses on the receiving interface; arp_announce=2: never use the VIP as
-// an ARP source). The agent answers for the VIP with the cluster MAC instead.
-func setupHost(ifname string, vips []netip.Addr) (h *host, err error) {
-	ifi, err := net.InterfaceByName(ifname)
+// setupHost makes the host ready for the cluster: it adopts or repairs what
+// a crashed predecessor left (from the record in the data directory), sets
+// the sysctls, puts each VIP on lo and opens the ARP responder. XDP is
+// attached by attachXDP; link events are handled once start runs.
+func setupHost(cfg hostConfig) (h *host, err error) {
+	rec, err := loadHostRecord(cfg.DataDir)
 	if err != nil {
-		return nil, fmt.Errorf("cluster interface %s: %w", ifname, err)
+		return nil, err
 	}
-	h = &host{ifi: ifi}
+	log := cmp.Or(cfg.Log, slog.Default())
+	h = &host{
+		ifname: cfg.Interface, log: log, rec: rec,
+		arpStats: &arpStats{}, arpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
+		lastErr: map[string]error{}, vipsCh: make(chan []netip.Addr, 1), announceCh: make(chan struct{}, 1),
+		cancel: func() {}, done: make(chan struct{}),
+	}
+	close(h.done) // until start
+	h.status.Store(&hostStatus{reason: "xdp not attached"})
+	if !rec.empty() {
+		log.Warn("adopting the host state a previous agent left", "record", rec.path, "vips", rec.VIPs, "sysctls", len(rec.Sysctls))
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, h.teardown())
 			h = nil
 		}
 	}()
-	for name, val := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
-		if err := h.setSysctl(filepath.Join("/proc/sys/net/ipv4/conf", ifname, name), val); err != nil {
-			return h, err
-		}
-	}
-	lo, err := netlink.LinkByName("lo")
+	link, err := netlink.LinkByName(cfg.Interface)
 	if err != nil {
-		return h, fmt.Errorf("find lo: %w", err)
+		return h, fmt.Errorf("cluster interface %s: %w", cfg.Interface, err)
 	}
-	for _, vip := range vips {
-		addr := &netlink.Addr{IPNet: &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-		switch err := netlink.AddrAdd(lo, addr); {
-		case err == nil:
-			h.addedVIPs = append(h.addedVIPs, vip)
-		case errors.Is(err, os.ErrExist) || strings.Contains(err.Error(), "exists"):
-			slog.Warn("vip already on lo; leaving it there on exit", "vip", vip)
-		default:
-			return h, fmt.Errorf("add vip %s to lo: %w", vip, err)
-		}
+	h.ifindex = link.Attrs().Index
+	mac := slices.Clone(link.Attrs().HardwareAddr)
+	h.mac.Store(&mac)
+	if err := h.setSysctls(); err != nil {
+		return h, err
+	}
+	if err := h.applyVIPs(cfg.VIPs); err != nil {
+		return h, err
+	}
+	if err := h.openARP(); err != nil {
+		return h, err
 	}
 	return h, nil
 }
 
-func (h *host) setSysctl(path, val string) error {
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
+// sysctl is one setting on the cluster interface. Restored ones go back to
+// their recorded value on exit; drop_unicast_in_l2_multicast stays set, so
+// a node whose agent died (and with it the XDP program that rewrites the
+// cluster MAC) answers nothing sent to the cluster MAC.
+var sysctls = []struct {
+	name, value string
+	restore     bool
+}{
+	{"arp_ignore", "1", true},
+	{"arp_announce", "2", true},
+	{"drop_unicast_in_l2_multicast", "1", false},
+}
+
+func sysctlPath(ifname, name string) string {
+	return filepath.Join("/proc/sys/net/ipv4/conf", ifname, name)
+}
+
+// setSysctls sets every sysctl on the cluster interface, recording each
+// restored one's value before the agent's first change of it.
+func (h *host) setSysctls() error {
+	for _, s := range sysctls {
+		path := sysctlPath(h.ifname, s.name)
+		old, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", path, err)
+		}
+		if s.restore {
+			if err := h.rec.addSysctl(path, strings.TrimSpace(string(old))); err != nil {
+				return err
+			}
+		}
+		if err := os.WriteFile(path, []byte(s.value), 0o644); err != nil {
+			return fmt.Errorf("set %s=%s: %w", path, s.value, err)
+		}
 	}
-	if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
-		return fmt.Errorf("set %s=%s: %w", path, val, err)
-	}
-	h.sysctls = append(h.sysctls, sysctlChange{path: path, old: strings.TrimSpace(string(old))})
+	h.sysctlsOK = true
 	return nil
 }
 
-// teardown removes the VIPs it added and restores the sysctls it changed.
+// applyVIPs makes the VIPs on lo, and those the ARP responder answers for,
+// the cluster's vips: it adds the missing ones (recorded first), adopts
+// those the record says a previous agent added, removes the agent's that
+// are no longer cluster VIPs, and leaves alone any VIP someone else put on
+// lo. Calling it again with the same VIPs changes nothing.
+func (h *host) applyVIPs(vips []netip.Addr) error {
+	vips = slices.Clone(vips)
+	slices.SortFunc(vips, netip.Addr.Compare)
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	addrs, err := netlink.AddrList(lo, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list addresses of lo: %w", err)
+	}
+	onLo := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if ones, bits := a.Mask.Size(); ones == 32 && bits == 32 {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				onLo[ip.Unmap()] = true
+			}
+		}
+	}
+	var errs []error
+	var added []netip.Addr
+	for _, vip := range vips {
+		switch {
+		case onLo[vip] && h.rec.hasVIP(vip):
+			// Ours: added by this agent or adopted from a crashed one.
+		case onLo[vip]:
+			if !slices.Contains(h.foreign, vip) {
+				h.foreign = append(h.foreign, vip)
+				h.log.Warn("vip already on lo, not put there by shoal; leaving it there on exit", "vip", vip)
+			}
+		default:
+			if err := h.rec.addVIP(vip); err != nil {
+				return err
+			}
+			if err := netlink.AddrAdd(lo, vipAddr(vip)); err != nil && !errors.Is(err, unix.EEXIST) {
+				errs = append(errs, fmt.Errorf("add vip %s to lo: %w", vip, err))
+				continue
+			}
+			added = append(added, vip)
+		}
+	}
+	for _, vip := range slices.Clone(h.rec.VIPs) {
+		if slices.Contains(vips, vip) {
+			continue
+		}
+		if err := removeVIP(lo, vip); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := h.rec.dropVIP(vip); err != nil {
+			return err
+		}
+		h.log.Info("vip removed from lo: no longer a cluster vip", "vip", vip)
+	}
+	h.foreign = slices.DeleteFunc(h.foreign, func(v netip.Addr) bool { return !slices.Contains(vips, v) })
+	if len(added) > 0 && h.vips != nil {
+		h.log.Info("vips added to lo", "vips", added)
+	}
+	h.vips = vips
+	if h.arp != nil {
+		if err := h.arp.setVIPs(vips); err != nil {
+			errs = append(errs, err)
+		}
+		if err := h.arp.announce(added); err != nil {
+			h.log.Warn("gratuitous arp", "err", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func vipAddr(vip netip.Addr) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+}
+
+// removeVIP takes vip off lo; one already gone is fine.
+func removeVIP(lo netlink.Link, vip netip.Addr) error {
+	err := netlink.AddrDel(lo, vipAddr(vip))
+	if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("remove vip %s from lo: %w", vip, err)
+	}
+	return nil
+}
+
+// openARP opens the ARP responder on the cluster interface.
+func (h *host) openARP() error {
+	ifi, err := net.InterfaceByIndex(h.ifindex)
+	if err != nil {
+		return fmt.Errorf("cluster interface %s: %w", h.ifname, err)
+	}
+	a, err := listenARP(ifi, h.vips, h.MAC, h.arpLimit, h.arpStats)
+	if err != nil {
+		return err
+	}
+	h.arp = a
+	return nil
+}
+
+// MAC returns the cluster interface's current MAC: the data plane rewrites
+// accepted frames to it and ARP replies come from it.
+func (h *host) MAC() net.HardwareAddr { return *h.mac.Load() }
+
+// teardown stops the host's goroutine, closes the ARP responder (leaving
+// the cluster MACs), removes the VIPs the agent put on lo and restores the
+// sysctls it changed; with nothing left to undo, the record goes too.
+// drop_unicast_in_l2_multicast stays set (see sysctls).
 func (h *host) teardown() error {
 	var errs []error
+	if err := h.stop(); err != nil {
+		errs = append(errs, err)
+	}
+	if h.arp != nil {
+		if err := h.arp.close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close arp socket: %w", err))
+		}
+		h.arp = nil
+	}
 	if lo, err := netlink.LinkByName("lo"); err == nil {
-		for _, vip := range h.addedVIPs {
-			addr := &netlink.Addr{IPNet: &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-			if err := netlink.AddrDel(lo, addr); err != nil {
-				errs = append(errs, fmt.Errorf("remove vip %s from lo: %w", vip, err))
+		for _, vip := range slices.Clone(h.rec.VIPs) {
+			if err := removeVIP(lo, vip); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := h.rec.dropVIP(vip); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	} else {
 		errs = append(errs, fmt.Errorf("find lo: %w", err))
 	}
-	h.addedVIPs = nil
-	for i := len(h.sysctls) - 1; i >= 0; i-- {
-		s := h.sysctls[i]
-		if err := os.WriteFile(s.path, []byte(s.old), 0o644); err != nil {
-			errs = append(errs, fmt.Errorf("restore %s: %w", s.path, err))
+	for i := len(h.rec.Sysctls) - 1; i >= 0; i-- {
+		s := h.rec.Sysctls[i]
+		err := os.WriteFile(s.Path, []byte(s.Value), 0o644)
+		if err != nil && !errors.Is(err, os.ErrNotExist) { // a vanished interface took its sysctls along
+			errs = append(errs, fmt.Errorf("restore %s: %w", s.Path, err))
+			continue
+		}
+		if err := h.rec.dropSysctl(s.Path); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	h.sysctls = nil
 	return errors.Join(errs...)
 }

@@ -1,0 +1,298 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/shoalnet/shoal/filter"
+)
+
+// hostRecheck is how often the host checks the interface when no link
+// event came: a backstop for a missed event and the retry of a failed
+// repair.
+const hostRecheck = time.Second
+
+// arpReopenPause: a responder that fails again this soon after the last
+// failure is reopened at the next check, not at once.
+const arpReopenPause = 100 * time.Millisecond
+
+// attachXDP attaches the data plane to the cluster interface and keeps it
+// attached from then on (start re-attaches it to a recreated interface).
+// Call before start.
+func (h *host) attachXDP(x xdpLink) error {
+	if err := x.Attach(h.ifname); err != nil {
+		return err
+	}
+	h.xdp, h.xdpIndex = x, h.ifindex
+	h.publish()
+	return nil
+}
+
+// trackMAC wraps the data plane so that the host knows which MAC accepted
+// frames are rewritten to: a data plane still rewriting to an old MAC makes
+// the node unhealthy (hostHealthy).
+func (h *host) trackMAC(dp dataplane) dataplane { return macTracker{dp, h} }
+
+type macTracker struct {
+	dataplane
+	h *host
+}
+
+func (m macTracker) Update(t *filter.Tables, ifMAC net.HardwareAddr) error {
+	if err := m.dataplane.Update(t, ifMAC); err != nil {
+		return err
+	}
+	mac := slices.Clone(ifMAC)
+	m.h.pushed.Store(&mac)
+	return nil
+}
+
+// start runs the host's goroutine until ctx ends or stop is called: it
+// watches the cluster interface (netlink) and re-arms what a link event
+// broke: the ARP responder after a failed read (a link down and up), the
+// sysctls, XDP and the cluster MAC membership on a recreated interface,
+// and the MAC (changed tells the agent, which pushes tables with it).
+func (h *host) start(ctx context.Context, changed func()) {
+	ctx, h.cancel = context.WithCancel(ctx)
+	h.done = make(chan struct{})
+	go func() {
+		defer close(h.done)
+		h.run(ctx, changed)
+	}()
+}
+
+// stop ends the host's goroutine and waits for it. The host stays set up
+// until teardown.
+func (h *host) stop() error {
+	h.cancel()
+	<-h.done
+	return nil
+}
+
+// setVIPs makes the host follow the cluster's VIPs (the replicated rules
+// state): VIPs on lo, ARP, cluster MAC membership. It does not wait; the
+// host's goroutine applies the latest list. Safe to call at any time, with
+// the same list as often as wanted.
+func (h *host) setVIPs(vips []netip.Addr) {
+	vips = slices.Clone(vips)
+	for {
+		select {
+		case h.vipsCh <- vips:
+			return
+		default:
+		}
+		select {
+		case <-h.vipsCh: // a list not yet applied: replace it
+		default:
+		}
+	}
+}
+
+// announce asks for a gratuitous ARP for every VIP (a view changed). It
+// does not wait.
+func (h *host) announce() {
+	select {
+	case h.announceCh <- struct{}{}:
+	default:
+	}
+}
+
+// hostHealthy reports whether the node's side of the data plane works: the
+// program attached to the cluster interface, the ARP responder answering,
+// and the data plane rewriting to the interface's current MAC. The agent
+// advertises itself healthy only when this is.
+func (h *host) hostHealthy() (bool, string) {
+	if st := h.status.Load(); !st.ok {
+		return false, st.reason
+	}
+	mac, pushed := h.mac.Load(), h.pushed.Load()
+	if pushed == nil {
+		return false, "no tables pushed to the data plane yet"
+	}
+	if !bytes.Equal(*mac, *pushed) {
+		return false, fmt.Sprintf("data plane rewrites to %s, the interface's mac is %s", net.HardwareAddr(*pushed), net.HardwareAddr(*mac))
+	}
+	return true, ""
+}
+
+// arpCounters returns the ARP responder's counters by verdict, and how many
+// times it was reopened after a failure.
+func (h *host) arpCounters() map[string]uint64 {
+	m := h.arpStats.counters()
+	m["restarts"] = h.arpRestart.Load()
+	return m
+}
+
+func (h *host) run(ctx context.Context, changed func()) {
+	updates, endSub := h.subscribe()
+	defer func() { endSub() }()
+	tick := time.NewTicker(hostRecheck)
+	defer tick.Stop()
+	for {
+		var arpDone <-chan struct{}
+		if h.arp != nil {
+			arpDone = h.arp.done
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-updates:
+			if !ok { // the subscription failed: subscribe again, after a pause
+				endSub()
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				updates, endSub = h.subscribe()
+			} else if u.Attrs().Name != h.ifname && int(u.Index) != h.ifindex {
+				continue
+			}
+		case vips := <-h.vipsCh:
+			h.note("vips", h.applyVIPs(vips))
+		case <-h.announceCh:
+			if h.arp != nil {
+				h.note("announce", h.arp.announce(h.vips))
+			}
+		case <-arpDone:
+			h.log.Warn("arp responder failed; reopening it", "err", h.arp.err)
+			h.arp.close()
+			h.arp = nil
+			h.arpRestart.Add(1)
+			if time.Since(h.arpFailed) < arpReopenPause {
+				h.arpFailed = time.Now()
+				h.publish()
+				continue // again at once: wait for the next check
+			}
+			h.arpFailed = time.Now()
+		case <-tick.C:
+		}
+		h.sync(changed)
+	}
+}
+
+// subscribe subscribes to link events; end cancels the subscription and
+// waits for the library to let go of the channel.
+func (h *host) subscribe() (<-chan netlink.LinkUpdate, func()) {
+	ch := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) { h.log.Debug("link events", "err", err) },
+	})
+	if err != nil {
+		h.note("subscribe", fmt.Errorf("watch link events: %w", err))
+		close(done)
+		closed := make(chan netlink.LinkUpdate)
+		close(closed)
+		return closed, func() {}
+	}
+	h.note("subscribe", nil)
+	var once bool
+	return ch, func() {
+		if once {
+			return
+		}
+		once = true
+		close(done)
+		for range ch { // the library closes ch once its socket is closed
+		}
+	}
+}
+
+// sync brings the host in line with the interface as it is now, and
+// publishes the health that results.
+func (h *host) sync(changed func()) {
+	defer h.publish()
+	link, err := netlink.LinkByName(h.ifname)
+	if err != nil {
+		h.note("link", fmt.Errorf("cluster interface %s: %w", h.ifname, err))
+		return
+	}
+	h.note("link", nil)
+	attrs := link.Attrs()
+	if attrs.Index != h.ifindex {
+		h.log.Warn("cluster interface recreated: re-arming sysctls, arp, cluster mac and xdp", "interface", h.ifname, "ifindex", attrs.Index, "was", h.ifindex)
+		h.ifindex, h.sysctlsOK = attrs.Index, false
+		if h.arp != nil {
+			h.arp.close()
+			h.arp = nil
+		}
+	}
+	if mac := attrs.HardwareAddr; len(mac) == 6 && !bytes.Equal(mac, h.MAC()) {
+		h.log.Warn("cluster interface mac changed", "interface", h.ifname, "mac", mac.String(), "was", h.MAC().String())
+		mac = slices.Clone(mac)
+		h.mac.Store(&mac)
+		changed()
+		if h.arp != nil {
+			h.note("announce", h.arp.announce(h.vips))
+		}
+	}
+	if !h.sysctlsOK {
+		h.note("sysctls", h.setSysctls())
+	}
+	if h.xdp != nil && (h.xdpIndex != h.ifindex || h.xdp.Mode() == filter.AttachNone) {
+		h.xdpIndex = 0
+		err := h.xdp.Detach()
+		if err == nil {
+			err = h.xdp.Attach(h.ifname)
+		}
+		if h.note("xdp", err); err == nil {
+			h.xdpIndex = h.ifindex
+			h.log.Info("xdp re-attached", "interface", h.ifname, "mode", h.xdp.Mode())
+			changed()
+		}
+	}
+	if h.arp == nil {
+		err := h.openARP()
+		if h.note("arp", err); err == nil {
+			h.log.Info("arp responder reopened", "interface", h.ifname)
+			h.note("announce", h.arp.announce(h.vips))
+		}
+	}
+}
+
+// note logs a problem of a kind when it first appears or changes, and its
+// end; it remembers it for publish.
+func (h *host) note(kind string, err error) {
+	prev, had := h.lastErr[kind]
+	switch {
+	case err == nil && had:
+		delete(h.lastErr, kind)
+		h.log.Info("host problem resolved", "kind", kind)
+	case err != nil && (!had || prev.Error() != err.Error()):
+		h.lastErr[kind] = err
+		h.log.Error("host problem", "kind", kind, "err", err)
+	}
+}
+
+// publish computes the host's health from what run last found.
+func (h *host) publish() {
+	var reasons []error
+	for _, kind := range []string{"link", "sysctls", "xdp", "arp"} {
+		if err, ok := h.lastErr[kind]; ok {
+			reasons = append(reasons, err)
+		}
+	}
+	if h.xdp == nil || h.xdpIndex != h.ifindex {
+		reasons = append(reasons, fmt.Errorf("xdp not attached to %s", h.ifname))
+	}
+	if h.arp == nil {
+		reasons = append(reasons, errors.New("arp responder down"))
+	}
+	st := &hostStatus{ok: len(reasons) == 0}
+	if !st.ok {
+		st.reason = errors.Join(reasons...).Error()
+	}
+	if prev := h.status.Load(); prev.ok != st.ok {
+		h.log.Info("host health changed", "healthy", st.ok, "reason", st.reason)
+	}
+	h.status.Store(st)
+}
