@@ -32,9 +32,8 @@ type Agent struct {
 	log   *slog.Logger
 	store *rules.Store
 	cmd   *commander
-	ifi   *net.Interface
+	host  *host
 	dp    dataplane
-	arp   *arpResponder
 	hc    *healthChecker
 	link  *heartbeat.Transport
 
@@ -65,6 +64,7 @@ type reconcileKey struct {
 	rulesIndex uint64
 	plugged    bool
 	held       string
+	mac        string // the interface's MAC, which accepted frames get
 }
 
 // Run runs the agent until ctx ends, then removes everything it set up.
@@ -122,36 +122,29 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		return err
 	}
 
-	// The host: VIPs, sysctls, cluster MAC membership, XDP.
-	h, err := setupHost(cfg.Interface, cfg.VIPs)
+	// The host: VIPs, sysctls, ARP and cluster MAC membership, XDP; it
+	// follows the replicated VIPs and the link from here on.
+	h, err := setupHost(hostConfig{Interface: cfg.Interface, DataDir: cfg.DataDir, VIPs: a.store.State().VIPs, Log: log})
 	if err != nil {
 		return err
 	}
 	cleanup(h.teardown)
-	a.ifi = h.ifi
+	a.host = h
 	xdp, err := filter.LoadXDP()
 	if err != nil {
 		return fmt.Errorf("load xdp: %w", err)
 	}
 	cleanup(xdp.Close)
-	a.dp = xdp
+	a.dp = h.trackMAC(xdp)
 	// Accept nothing until the cluster has converged.
-	if err := xdp.Update(filter.NewTables(a.fcfg, a.self, nil, nil, nil), a.ifi.HardwareAddr); err != nil {
+	if err := a.dp.Update(filter.NewTables(a.fcfg, a.self, nil, nil, nil), h.MAC()); err != nil {
 		return fmt.Errorf("xdp tables: %w", err)
 	}
-	if err := xdp.Attach(cfg.Interface); err != nil {
+	if err := h.attachXDP(xdp); err != nil {
 		return fmt.Errorf("attach xdp to %s: %w", cfg.Interface, err)
 	}
-	a.arp, err = listenARP(a.ifi, cfg.VIPs)
-	if err != nil {
-		return err
-	}
-	cleanup(a.arp.close)
-	go func() {
-		if err := a.arp.serve(ctx); err != nil {
-			log.Error("arp responder stopped", "err", err)
-		}
-	}()
+	h.start(ctx, a.poke)
+	cleanup(h.stop)
 
 	// Membership.
 	a.link, err = heartbeat.Listen(cfg.HeartbeatAddr, a.rstate.Settings.ClusterID, key)
@@ -189,9 +182,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		cleanup(msrv.Close)
 	}
 
-	if err := a.arp.announce(); err != nil {
-		log.Warn("gratuitous arp", "err", err)
-	}
+	h.announce()
 	log.Info("agent running", "id", a.self, "interface", cfg.Interface, "xdp", xdp.Mode(), "vips", cfg.VIPs)
 	return a.loop(ctx)
 }
@@ -299,6 +290,9 @@ func (a *Agent) applyRules(now time.Time, st *rules.State) {
 		}
 	}
 	a.machine.SetPeers(now, peers)
+	if a.host != nil {
+		a.host.setVIPs(st.VIPs)
+	}
 	a.setLocal(now)
 }
 
@@ -309,6 +303,10 @@ func (a *Agent) setLocal(now time.Time) {
 		admin = n.Admin
 	}
 	healthy := a.hc == nil || a.hc.healthy.Load()
+	if a.host != nil {
+		hostOK, _ := a.host.hostHealthy()
+		healthy = healthy && hostOK
+	}
 	a.machine.SetLocal(now, heartbeat.Local{
 		Admin: adminToHeartbeat(admin), Healthy: healthy,
 		RulesIndex: a.rstate.Index, Seed: a.rstate.Settings.HashSeed,
@@ -384,7 +382,7 @@ func (a *Agent) scanConnections() {
 
 // scanLocked is scanConnections with a.mu held.
 func (a *Agent) scanLocked() {
-	conns, err := scanConns(a.cfg.VIPs)
+	conns, err := scanConns(a.rstate.VIPs)
 	if err != nil {
 		a.log.Warn("socket scan", "err", err)
 		return
@@ -437,7 +435,8 @@ func (a *Agent) peerAddrs() []netip.AddrPort {
 // with a.mu held.
 func (a *Agent) reconcile() {
 	st := a.machine.Status()
-	key := reconcileKey{hbVersion: st.Version, rulesIndex: a.rstate.Index, plugged: a.plugged, held: a.heldKey}
+	mac := a.host.MAC()
+	key := reconcileKey{hbVersion: st.Version, rulesIndex: a.rstate.Index, plugged: a.plugged, held: a.heldKey, mac: string(mac)}
 	if key == a.lastKey && a.last.tables != nil {
 		return
 	}
@@ -449,7 +448,7 @@ func (a *Agent) reconcile() {
 	}
 	p := planTables(a.fcfg, a.self, admin, a.plugged, st.Accept.Buckets,
 		peersDraining(a.fcfg, a.rstate.Index, st.Peers, st.PeersDraining), a.held)
-	if err := a.dp.Update(p.tables, a.ifi.HardwareAddr); err != nil {
+	if err := a.dp.Update(p.tables, mac); err != nil {
 		a.log.Error("update xdp tables; keeping the previous ones", "err", err)
 		return
 	}
@@ -457,8 +456,8 @@ func (a *Agent) reconcile() {
 	a.drainingHB = toHeartbeat(p.draining)
 	if !st.View.Equal(prevView) {
 		a.log.Info("view changed", "eligible", st.View.Eligible, "rules_index", st.View.RulesIndex, "converged", st.Converged)
-		if a.arp != nil && !a.plugged {
-			go a.arp.announce()
+		if !a.plugged {
+			a.host.announce()
 		}
 	}
 }

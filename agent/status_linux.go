@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
@@ -73,6 +74,12 @@ func (a *Agent) status() Status {
 		s.HealthError, _ = a.hc.lastErr.Load().(string)
 		if s.Healthy {
 			s.HealthError = ""
+		}
+	}
+	if a.host != nil {
+		if ok, why := a.host.hostHealthy(); !ok {
+			s.Healthy = false
+			s.HealthError = strings.TrimPrefix(s.HealthError+"; data plane: "+why, "; ")
 		}
 	}
 	// The admin state as replicated, which may be a step ahead of the
@@ -171,10 +178,8 @@ func (a *Agent) params() Params {
 			p.Packets[id] = pc
 		}
 	}
-	if a.arp != nil {
-		p.ARP["replied"] = a.arp.replied.Load()
-		p.ARP["ignored"] = a.arp.ignored.Load()
-		p.ARP["malformed"] = a.arp.malformed.Load()
+	if a.host != nil {
+		p.ARP = a.host.arpCounters()
 	}
 	return p
 }
