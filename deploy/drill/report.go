@@ -46,7 +46,14 @@ type Report struct {
 	Errors          map[load.ErrorClass]int `json:"errors,omitempty"`
 	FailureList     []load.Failure          `json:"failure_list,omitempty"`
 	FailuresDropped int                     `json:"failures_dropped,omitempty"`
-	Timeline        []Slot                  `json:"timeline"`
+	// Delayed counts the requests that succeeded only after a SYN
+	// retransmission (connect time >= 1 s): the SYN landed where nobody
+	// took it. A planned change should delay none.
+	Delayed      int            `json:"syn_delayed"`
+	DelayedList  []load.Failure `json:"syn_delayed_list,omitempty"`
+	Connects     int            `json:"connects"`
+	ConnectP99MS float64        `json:"connect_p99_ms"`
+	Timeline     []Slot         `json:"timeline"`
 }
 
 // NewReport fills a report's traffic fields from a load result and the
@@ -63,6 +70,10 @@ func NewReport(res load.Result, samples []Sample) Report {
 		Errors:          res.Errors,
 		FailureList:     res.FailureList,
 		FailuresDropped: res.FailuresDropped,
+		Delayed:         res.Delayed,
+		DelayedList:     res.DelayedList,
+		Connects:        res.Connects,
+		ConnectP99MS:    res.ConnectP99MS,
 		Timeline:        Timeline(res, samples),
 		SettledMS:       -1,
 	}
@@ -160,6 +171,8 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "requests %d, succeeded %d, failed %d; %.0f req/s; p50 %.2f ms, p99 %.2f ms\n",
 		r.Requests, r.Successes, r.Failures, r.RatePerSec, r.P50MS, r.P99MS)
+	fmt.Fprintf(&b, "delayed by a SYN retransmission (connect >= %v): %d of %d requests; %d connects, p99 %.2f ms\n",
+		load.SYNRetransmit, r.Delayed, r.Requests, r.Connects, r.ConnectP99MS)
 	if first, last, ok := r.FailureWindow(); ok {
 		fmt.Fprintf(&b, "failures started between %+.2f s and %+.2f s of the event:", first/1000, last/1000)
 		for _, c := range slices.Sorted(maps.Keys(r.Errors)) {
@@ -182,9 +195,19 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, "  %+8.0f ms  %7.1f ms  %-8s %s\n", f.AtMS-r.EventAtMS, f.LatencyMS, f.Class, f.Error)
 		}
 	}
+	if len(r.DelayedList) > 0 {
+		b.WriteString("delayed requests (start from the event, connect, latency):\n")
+		for i, d := range r.DelayedList {
+			if i == maxTextFailures {
+				fmt.Fprintf(&b, "  ... and %d more (see the JSON)\n", r.Delayed-i)
+				break
+			}
+			fmt.Fprintf(&b, "  %+8.0f ms  %7.1f ms  %7.1f ms\n", d.AtMS-r.EventAtMS, d.ConnectMS, d.LatencyMS)
+		}
+	}
 	nodes := r.NodeNames()
-	b.WriteString("timeline per 100 ms (responses per node; share of accepted packets from the agents' counters):\n")
-	fmt.Fprintf(&b, "  %7s %6s %5s %7s %7s", "t(s)", "ok", "fail", "p50ms", "p99ms")
+	b.WriteString("timeline per 100 ms (syn1s: delayed by a SYN retransmission; responses per node; share of accepted packets from the agents' counters):\n")
+	fmt.Fprintf(&b, "  %7s %6s %5s %5s %7s %7s", "t(s)", "ok", "fail", "syn1s", "p50ms", "p99ms")
 	for _, n := range nodes {
 		fmt.Fprintf(&b, " %7s", n)
 	}
@@ -198,7 +221,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		if s.AtMS <= r.EventAtMS && r.EventAtMS < s.AtMS+100 {
 			mark = ">"
 		}
-		fmt.Fprintf(&b, "%s %7.1f %6d %5d %7.2f %7.2f", mark, s.AtMS/1000, s.Successes, s.Failures, s.P50MS, s.P99MS)
+		fmt.Fprintf(&b, "%s %7.1f %6d %5d %5d %7.2f %7.2f", mark, s.AtMS/1000, s.Successes, s.Failures, s.Delayed, s.P50MS, s.P99MS)
 		for _, n := range nodes {
 			fmt.Fprintf(&b, " %7d", s.Responses[n])
 		}

@@ -21,7 +21,9 @@ func testReport() *Report {
 		Nodes: []string{"node1", "node2", "node3"}, HeartbeatPeriod: "100ms", HeartbeatTolerance: 10,
 		Concurrency: 8, EventAtMS: 1000, SettledMS: 1200, Settled: "failover: every node converged without the node",
 		DurationMS: 3000, Requests: 296, Successes: 290, Failures: 6, P50MS: 1, P99MS: 9,
-		Errors: map[load.ErrorClass]int{load.ErrTimeout: 4, load.ErrReset: 2},
+		Errors:  map[load.ErrorClass]int{load.ErrTimeout: 4, load.ErrReset: 2},
+		Delayed: 2, Connects: 296, ConnectP99MS: 1003,
+		DelayedList: []load.Failure{{AtMS: 1040, ConnectMS: 1003, LatencyMS: 1005}, {AtMS: 1070, ConnectMS: 1001, LatencyMS: 1002}},
 	}
 	for i := range 30 {
 		s := Slot{AtMS: float64(i * 100), Successes: 10, Responses: map[string]int{"node1": 3, "node2": 3, "node3": 4}}
@@ -31,6 +33,9 @@ func testReport() *Report {
 		if i == 10 || i == 11 {
 			s.Failures = 3
 			s.Successes = 7
+		}
+		if i == 10 {
+			s.Delayed = 2
 		}
 		r.Timeline = append(r.Timeline, s)
 	}
@@ -74,6 +79,9 @@ func TestWriteText(t *testing.T) {
 		"failures started between +0.00 s and +0.15 s of the event: reset 2 timeout 4",
 		"after it settled: 100.00% of 80 requests succeeded",
 		"i/o timeout",
+		"delayed by a SYN retransmission (connect >= 1s): 2 of 296 requests; 296 connects, p99 1003.00 ms",
+		"     +40 ms   1003.0 ms   1005.0 ms",
+		">     1.0      7     3     2",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text report lacks %q:\n%s", want, out)

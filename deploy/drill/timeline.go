@@ -21,7 +21,8 @@ type Slot struct {
 	AtMS      float64 `json:"at_ms"` // from the start of the traffic
 	Successes int     `json:"successes"`
 	Failures  int     `json:"failures"`
-	P50MS     float64 `json:"p50_ms"` // over successful requests
+	Delayed   int     `json:"syn_delayed,omitempty"` // successes delayed by a SYN retransmission
+	P50MS     float64 `json:"p50_ms"`                // over successful requests
 	P99MS     float64 `json:"p99_ms"`
 	// Responses counts successful requests per node, by the node name the
 	// server answered with.
@@ -60,7 +61,7 @@ func Timeline(res load.Result, samples []Sample) []Slot {
 		if i < 0 || i >= n {
 			continue
 		}
-		out[i].Successes, out[i].Failures = s.Successes, s.Failures
+		out[i].Successes, out[i].Failures, out[i].Delayed = s.Successes, s.Failures, s.Delayed
 		out[i].P50MS, out[i].P99MS = s.P50MS, s.P99MS
 		if len(s.ByNode) > 0 {
 			out[i].Responses = s.ByNode

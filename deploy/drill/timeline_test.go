@@ -16,7 +16,7 @@ func TestTimeline(t *testing.T) {
 		Start: t0, BucketMS: 100, DurationMS: 500,
 		Timeline: []load.Slot{
 			{AtMS: 0, Successes: 3, P50MS: 1, P99MS: 2, ByNode: map[string]int{"a": 2, "b": 1}},
-			{AtMS: 100, Successes: 1, Failures: 2, P50MS: 3, P99MS: 4, ByNode: map[string]int{"a": 1}},
+			{AtMS: 100, Successes: 1, Failures: 2, Delayed: 1, P50MS: 3, P99MS: 4, ByNode: map[string]int{"a": 1}},
 		},
 	}
 	tests := []struct {
@@ -33,7 +33,7 @@ func TestTimeline(t *testing.T) {
 		want: []Slot{
 			{AtMS: 0, Successes: 3, P50MS: 1, P99MS: 2, Responses: map[string]int{"a": 2, "b": 1},
 				Packets: map[string]uint64{"a": 100, "b": 50}, Share: map[string]float64{"a": 100.0 / 150, "b": 50.0 / 150}},
-			{AtMS: 100, Successes: 1, Failures: 2, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1},
+			{AtMS: 100, Successes: 1, Failures: 2, Delayed: 1, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1},
 				Packets: map[string]uint64{"a": 100, "b": 50}, Share: map[string]float64{"a": 100.0 / 150, "b": 50.0 / 150}},
 			{AtMS: 200, Packets: map[string]uint64{"a": 0, "b": 100}, Share: map[string]float64{"a": 0, "b": 1}},
 			{AtMS: 300, Packets: map[string]uint64{"a": 0, "b": 100}, Share: map[string]float64{"a": 0, "b": 1}},
@@ -50,7 +50,7 @@ func TestTimeline(t *testing.T) {
 		want: []Slot{
 			{AtMS: 0, Successes: 3, P50MS: 1, P99MS: 2, Responses: map[string]int{"a": 2, "b": 1},
 				Packets: map[string]uint64{"a": 10, "b": 10}, Share: map[string]float64{"a": 0.5, "b": 0.5}},
-			{AtMS: 100, Successes: 1, Failures: 2, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1},
+			{AtMS: 100, Successes: 1, Failures: 2, Delayed: 1, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1},
 				Packets: map[string]uint64{"a": 20, "b": 0}, Share: map[string]float64{"a": 1, "b": 0}},
 			{AtMS: 200, Packets: map[string]uint64{"a": 20, "b": 0}, Share: map[string]float64{"a": 1, "b": 0}},
 			{AtMS: 300, Packets: map[string]uint64{"a": 0, "b": 0}},
@@ -66,7 +66,7 @@ func TestTimeline(t *testing.T) {
 		want: []Slot{
 			{AtMS: 0, Successes: 3, P50MS: 1, P99MS: 2, Responses: map[string]int{"a": 2, "b": 1},
 				Packets: map[string]uint64{"a": 100}, Share: map[string]float64{"a": 1}},
-			{AtMS: 100, Successes: 1, Failures: 2, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1},
+			{AtMS: 100, Successes: 1, Failures: 2, Delayed: 1, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1},
 				Packets: map[string]uint64{"a": 7}, Share: map[string]float64{"a": 1}},
 			{AtMS: 200, Packets: map[string]uint64{"a": 0}},
 			{AtMS: 300, Packets: map[string]uint64{"a": 0}},
@@ -76,7 +76,7 @@ func TestTimeline(t *testing.T) {
 		name: "no samples: the load's slots only",
 		want: []Slot{
 			{AtMS: 0, Successes: 3, P50MS: 1, P99MS: 2, Responses: map[string]int{"a": 2, "b": 1}},
-			{AtMS: 100, Successes: 1, Failures: 2, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1}},
+			{AtMS: 100, Successes: 1, Failures: 2, Delayed: 1, P50MS: 3, P99MS: 4, Responses: map[string]int{"a": 1}},
 			{AtMS: 200}, {AtMS: 300}, {AtMS: 400},
 		},
 	}}

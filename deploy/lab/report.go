@@ -96,6 +96,9 @@ func phase(w io.Writer, name string, res load.Result) {
 	}
 	fmt.Fprintf(w, "%-7s %6d requests %5d failed  %7.0f req/s  p50 %6.2f ms  p99 %7.2f ms  share %s\n",
 		name, res.Requests, res.Failures, res.RatePerSec, res.P50MS, res.P99MS, shares(res.Share))
+	if res.Delayed > 0 {
+		fmt.Fprintf(w, "        %d delayed by a SYN retransmission (connect >= %v)\n", res.Delayed, load.SYNRetransmit)
+	}
 	if len(res.Errors) > 0 {
 		var parts []string
 		for c, n := range res.Errors {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -203,11 +204,30 @@ func Run(ctx context.Context, o Options) (Result, error) {
 }
 
 // do performs one request and classifies its outcome.
-func do(ctx context.Context, c *http.Client, req *http.Request, timeout time.Duration) Record {
+func do(ctx context.Context, c *http.Client, req *http.Request, timeout time.Duration) (rec Record) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	rec := Record{Start: time.Now()}
-	resp, err := c.Do(req.Clone(rctx))
+	rec = Record{Start: time.Now()}
+	// The transport dials in a goroutine of its own, which may outlive the
+	// request: the trace hands its figures over atomically, and a request
+	// served on a reused connection keeps no connect time.
+	var connStart, connect atomic.Int64
+	var reused atomic.Bool
+	trace := &httptrace.ClientTrace{
+		ConnectStart: func(string, string) { connStart.Store(time.Now().UnixNano()) },
+		ConnectDone: func(_, _ string, err error) {
+			if t0 := connStart.Load(); err == nil && t0 != 0 {
+				connect.Store(time.Now().UnixNano() - t0)
+			}
+		},
+		GotConn: func(info httptrace.GotConnInfo) { reused.Store(info.Reused) },
+	}
+	defer func() {
+		if !reused.Load() {
+			rec.Connect = time.Duration(connect.Load())
+		}
+	}()
+	resp, err := c.Do(req.Clone(httptrace.WithClientTrace(rctx, trace)))
 	if err != nil {
 		rec.Latency = time.Since(rec.Start)
 		rec.Class, rec.Err = Classify(err), err.Error()

@@ -72,6 +72,11 @@ func TestRunCounts(t *testing.T) {
 			if c := int(conns.Load()); !tt.wantConns(c, 300) {
 				t.Errorf("%d connections for 300 requests", c)
 			}
+			// Every connection the client opened has its handshake timed.
+			if !tt.wantConns(res.Connects, 300) || res.Connects == 0 || res.ConnectP99MS <= 0 || res.Delayed != 0 {
+				t.Errorf("connects %d (p99 %.3f ms), delayed %d; want one per connection, timed, none delayed",
+					res.Connects, res.ConnectP99MS, res.Delayed)
+			}
 		})
 	}
 }

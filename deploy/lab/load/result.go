@@ -29,21 +29,43 @@ type Record struct {
 	Err     string        // the error text on failure
 	Status  int           // the HTTP status, 0 if none arrived
 	Node    string        // the X-Shoal-Node header of the response
+	// Connect is how long the TCP handshake took; 0 when the request
+	// reused a connection or no handshake completed.
+	Connect time.Duration
 }
+
+// SYNRetransmit is the connect time at and above which a handshake must
+// have waited for a retransmitted SYN: Linux's first SYN timeout is 1 s,
+// and a handshake in the lab otherwise takes well under a millisecond.
+const SYNRetransmit = time.Second
+
+// Delayed reports whether the request succeeded only after a SYN
+// retransmission: its connect took SYNRetransmit or more.
+func (r Record) Delayed() bool { return r.OK() && r.Connect >= SYNRetransmit }
 
 // OK reports whether the request succeeded.
 func (r Record) OK() bool { return r.Class == ErrNone }
 
 // Result is the outcome of a run; it is what `shoal lab load --json` prints.
 type Result struct {
-	Start       time.Time          `json:"start"`
-	DurationMS  float64            `json:"duration_ms"`
-	Requests    int                `json:"requests"`
-	Successes   int                `json:"successes"`
-	Failures    int                `json:"failures"`
-	RatePerSec  float64            `json:"rate_per_sec"`
-	P50MS       float64            `json:"p50_ms"`
-	P99MS       float64            `json:"p99_ms"`
+	Start      time.Time `json:"start"`
+	DurationMS float64   `json:"duration_ms"`
+	Requests   int       `json:"requests"`
+	Successes  int       `json:"successes"`
+	Failures   int       `json:"failures"`
+	RatePerSec float64   `json:"rate_per_sec"`
+	P50MS      float64   `json:"p50_ms"`
+	P99MS      float64   `json:"p99_ms"`
+	// Connects counts the requests that opened a connection;
+	// ConnectP50MS and ConnectP99MS are over their handshakes.
+	Connects     int     `json:"connects"`
+	ConnectP50MS float64 `json:"connect_p50_ms"`
+	ConnectP99MS float64 `json:"connect_p99_ms"`
+	// Delayed counts successful requests whose connect took SYNRetransmit
+	// or more: each waited for a retransmitted SYN, as when it landed on
+	// a bucket nobody owned.
+	Delayed     int                `json:"syn_delayed"`
+	DelayedList []Failure          `json:"syn_delayed_list,omitempty"`
 	ByNode      map[string]int     `json:"by_node"`
 	Share       map[string]float64 `json:"share"`
 	Errors      map[ErrorClass]int `json:"errors,omitempty"`
@@ -61,16 +83,19 @@ type Slot struct {
 	Failures  int            `json:"failures"`
 	P50MS     float64        `json:"p50_ms"` // over successful requests
 	P99MS     float64        `json:"p99_ms"`
+	Delayed   int            `json:"syn_delayed,omitempty"` // successes delayed by a SYN retransmission
 	ByNode    map[string]int `json:"by_node,omitempty"`
 }
 
-// Failure is one failed request.
+// Failure is one failed request, or one delayed by a SYN retransmission
+// (then Class is empty and ConnectMS says how long the handshake took).
 type Failure struct {
 	AtMS      float64    `json:"at_ms"` // request start, from the run's start
 	LatencyMS float64    `json:"latency_ms"`
-	Class     ErrorClass `json:"class"`
+	ConnectMS float64    `json:"connect_ms,omitempty"`
+	Class     ErrorClass `json:"class,omitempty"`
 	Status    int        `json:"status,omitempty"`
-	Error     string     `json:"error"`
+	Error     string     `json:"error,omitempty"`
 }
 
 // MaxFailureList caps Result.FailureList so a run against a dead server
@@ -94,7 +119,7 @@ func Summarize(records []Record, start time.Time, dur, bucket time.Duration) Res
 		Share:      map[string]float64{},
 		BucketMS:   ms(bucket),
 	}
-	var lat []time.Duration
+	var lat, conn []time.Duration
 	slotLat := map[int][]time.Duration{}
 	slots := map[int]*Slot{}
 	last := -1
@@ -109,6 +134,16 @@ func Summarize(records []Record, start time.Time, dur, bucket time.Duration) Res
 			slots[i] = s
 		}
 		last = max(last, i)
+		if rec.Connect > 0 {
+			conn = append(conn, rec.Connect)
+		}
+		if rec.Delayed() {
+			r.Delayed++
+			s.Delayed++
+			if len(r.DelayedList) < MaxFailureList {
+				r.DelayedList = append(r.DelayedList, Failure{AtMS: ms(rec.Start.Sub(start)), LatencyMS: ms(rec.Latency), ConnectMS: ms(rec.Connect)})
+			}
+		}
 		if rec.OK() {
 			r.Successes++
 			lat = append(lat, rec.Latency)
@@ -152,6 +187,9 @@ func Summarize(records []Record, start time.Time, dur, bucket time.Duration) Res
 	}
 	r.P50MS = ms(Percentile(lat, 50))
 	r.P99MS = ms(Percentile(lat, 99))
+	r.Connects = len(conn)
+	r.ConnectP50MS = ms(Percentile(conn, 50))
+	r.ConnectP99MS = ms(Percentile(conn, 99))
 	if r.Successes > 0 {
 		for n, c := range r.ByNode {
 			r.Share[n] = float64(c) / float64(r.Successes)

@@ -13,29 +13,35 @@ func TestSummarize(t *testing.T) {
 	lat := func(ms int) time.Duration { return time.Duration(ms) * time.Millisecond }
 	records := []Record{
 		{Start: at(250), Latency: lat(4), Node: "node2"}, // out of order on purpose
-		{Start: at(10), Latency: lat(1), Node: "node1"},
-		{Start: at(20), Latency: lat(3), Node: "node2"},
+		{Start: at(10), Latency: lat(1), Node: "node1", Connect: lat(1)},
+		{Start: at(20), Latency: lat(3), Node: "node2"},                         // a reused connection
+		{Start: at(210), Latency: lat(1003), Node: "node1", Connect: lat(1001)}, // after a SYN retransmission
 		{Start: at(30), Latency: lat(2000), Class: ErrTimeout, Err: "deadline"},
 		{Start: at(260), Latency: lat(5), Status: 503, Class: ErrBadStatus, Err: "503 Service Unavailable"},
 	}
 	got := Summarize(records, t0, time.Second, 100*time.Millisecond)
 	want := Result{
-		Start:      t0,
-		DurationMS: 1000,
-		Requests:   5,
-		Successes:  3,
-		Failures:   2,
-		RatePerSec: 5,
-		P50MS:      3,
-		P99MS:      4,
-		ByNode:     map[string]int{"node1": 1, "node2": 2},
-		Share:      map[string]float64{"node1": 1.0 / 3, "node2": 2.0 / 3},
-		Errors:     map[ErrorClass]int{ErrTimeout: 1, ErrBadStatus: 1},
-		BucketMS:   100,
+		Start:        t0,
+		DurationMS:   1000,
+		Requests:     6,
+		Successes:    4,
+		Failures:     2,
+		RatePerSec:   6,
+		P50MS:        3,
+		P99MS:        1003,
+		Connects:     2,
+		ConnectP50MS: 1,
+		ConnectP99MS: 1001,
+		Delayed:      1,
+		DelayedList:  []Failure{{AtMS: 210, LatencyMS: 1003, ConnectMS: 1001}},
+		ByNode:       map[string]int{"node1": 2, "node2": 2},
+		Share:        map[string]float64{"node1": 0.5, "node2": 0.5},
+		Errors:       map[ErrorClass]int{ErrTimeout: 1, ErrBadStatus: 1},
+		BucketMS:     100,
 		Timeline: []Slot{
 			{AtMS: 0, Successes: 2, Failures: 1, P50MS: 1, P99MS: 3, ByNode: map[string]int{"node1": 1, "node2": 1}},
 			{AtMS: 100}, // an empty slot stays in the timeline: a gap is news
-			{AtMS: 200, Successes: 1, Failures: 1, P50MS: 4, P99MS: 4, ByNode: map[string]int{"node2": 1}},
+			{AtMS: 200, Successes: 2, Failures: 1, P50MS: 4, P99MS: 1003, Delayed: 1, ByNode: map[string]int{"node1": 1, "node2": 1}},
 		},
 		FailureList: []Failure{
 			{AtMS: 30, LatencyMS: 2000, Class: ErrTimeout, Error: "deadline"},
