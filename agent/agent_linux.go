@@ -36,6 +36,7 @@ type Agent struct {
 	dp    dataplane
 	hc    *healthChecker
 	link  *heartbeat.Transport
+	sec   *security // TLS identity, refusal counts, plug restore
 
 	wake chan struct{} // a reconcile is due
 
@@ -75,6 +76,9 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		return err
 	}
 	a := &Agent{cfg: cfg, key: key, log: log, wake: make(chan struct{}, 1), held: filter.Set{}}
+	if a.sec, err = newSecurity(cfg, key, a); err != nil {
+		return err
+	}
 	var cleanups []func() error
 	defer func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
@@ -94,6 +98,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	a.store, err = rules.Open(rules.StoreConfig{
 		NodeName: cfg.NodeName, DataDir: cfg.DataDir, RaftBind: cfg.RaftAddr,
 		HeartbeatAddr: cfg.HeartbeatAddr, APIAddr: cfg.PeerAddr, Key: key,
+		TLS: a.sec.certs, Refusals: a.sec.refusals,
 		Bootstrap: cfg.Bootstrap, Logger: log,
 		HeartbeatPeriod:    cmp.Or(cfg.HeartbeatPeriod, heartbeat.DefaultPeriod),
 		HeartbeatTolerance: heartbeat.DefaultTolerance,
@@ -104,13 +109,11 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	cleanup(a.store.Close)
 	a.cmd = &commander{store: a.store, self: func() filter.NodeID { a.mu.Lock(); defer a.mu.Unlock(); return a.self }}
 
-	peerLn, err := net.Listen("tcp", cfg.PeerAddr)
+	stopPeer, err := a.servePeerAPI()
 	if err != nil {
-		return fmt.Errorf("peer api: %w", err)
+		return err
 	}
-	peerSrv := &http.Server{Handler: a.peerHandler(), ReadHeaderTimeout: 5 * time.Second}
-	go peerSrv.Serve(peerLn)
-	cleanup(func() error { return peerSrv.Close() })
+	cleanup(stopPeer)
 
 	if err := a.joinCluster(ctx); err != nil {
 		return err
@@ -118,6 +121,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	if err := a.awaitRegistration(ctx); err != nil {
 		return err
 	}
+	a.reportCommandLevel(ctx)
 	if err := a.ensureVIPs(ctx); err != nil {
 		return err
 	}
@@ -172,14 +176,12 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", metricsHandler(a))
-		mln, err := net.Listen("tcp", cfg.MetricsAddr)
+		mux.Handle("/metrics", metricsHandler(a, securityCollector{a.sec.refusals, a.store}))
+		stopMetrics, err := a.serveMetrics(cfg.MetricsAddr, mux)
 		if err != nil {
-			return fmt.Errorf("metrics: %w", err)
+			return err
 		}
-		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go msrv.Serve(mln)
-		cleanup(msrv.Close)
+		cleanup(stopMetrics)
 	}
 
 	h.announce()

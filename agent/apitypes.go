@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"time"
+
 	"github.com/shoalnet/shoal/filter"
 )
 
@@ -22,6 +24,10 @@ type Status struct {
 	Connections int                   `json:"connections"` // TCP connections held on the VIPs
 	Plugged     bool                  `json:"plugged,omitempty"`
 	Leader      string                `json:"leader"`
+	// RulesStopped says why this node stopped applying the rules log (an
+	// entry its shoal cannot apply); the data plane keeps the rules of
+	// RulesIndex. Empty: applying.
+	RulesStopped string `json:"rules_stopped,omitempty"`
 }
 
 // ViewInfo is the membership view a node acts on.
@@ -155,8 +161,11 @@ type (
 	}
 	// PlugRequest pulls (or puts back) this node's virtual plug: it stops
 	// heartbeating and drops every VIP packet, as if its cable were cut.
+	// A pull restores itself after RestoreAfter, at most (and by default)
+	// MaxPlugPull.
 	PlugRequest struct {
-		Pulled bool `json:"pulled"`
+		Pulled       bool          `json:"pulled"`
+		RestoreAfter time.Duration `json:"restore_after,omitempty"`
 	}
 	// APIError is the body of every error response.
 	APIError struct {

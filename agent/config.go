@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/shoalnet/shoal/rules"
 )
 
 // Config is an agent's configuration, read from a YAML file, then the
@@ -33,6 +35,19 @@ type Config struct {
 	Join            []string      `yaml:"join"`
 	HeartbeatPeriod time.Duration `yaml:"heartbeat_period"` // a new cluster's heartbeat period (bootstrap only)
 	Health          HealthConfig  `yaml:"health"`
+	TLS             TLSConfig     `yaml:"tls"`
+	// Drills enables the drill endpoint of the peer API (pulling this
+	// node's virtual plug from `shoal drill`); off by default.
+	Drills bool `yaml:"drills"`
+}
+
+// TLSConfig selects the operator CA mode: the CA certificates to trust
+// and this node's certificate and key (`shoal tls ca create`, `shoal tls
+// cert create`). Empty: certificates under a CA derived from the cluster key.
+type TLSConfig struct {
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 }
 
 // HealthConfig is the application health check that drains a sick node.
@@ -160,6 +175,14 @@ func (c *Config) fields() []field {
 			c.HeartbeatPeriod = d
 			return err
 		}},
+		{"tls_ca_file", str(&c.TLS.CAFile)},
+		{"tls_cert_file", str(&c.TLS.CertFile)},
+		{"tls_key_file", str(&c.TLS.KeyFile)},
+		{"drills", func(v string) error {
+			b, err := strconv.ParseBool(v)
+			c.Drills = b
+			return err
+		}},
 		{"health_url", str(&c.Health.URL)},
 		{"health_tcp", str(&c.Health.TCP)},
 	}
@@ -187,8 +210,11 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
 	}
-	if c.NodeName == "" || strings.ContainsAny(c.NodeName, " \t/") {
-		bad("node_name", "required, without spaces or slashes")
+	if err := rules.CheckNodeName(c.NodeName); err != nil {
+		bad("node_name", "%v", err)
+	}
+	if t := c.TLS; (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "") && (t.CAFile == "" || t.CertFile == "" || t.KeyFile == "") {
+		bad("tls", "set all of ca_file, cert_file and key_file (operator CA), or none (a CA derived from the cluster key)")
 	}
 	if c.Interface == "" {
 		bad("interface", "required: the interface that faces the clients and the other nodes")

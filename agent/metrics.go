@@ -90,8 +90,9 @@ func b2f(b bool) float64 {
 }
 
 // metricsHandler serves the collector (and Go runtime metrics) for scraping.
-func metricsHandler(src metricsSource) http.Handler {
+func metricsHandler(src metricsSource, extra ...prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newCollector(src), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(extra...)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
@@ -38,10 +37,11 @@ func (a *Agent) setPriority(ctx context.Context, r PriorityRequest) error {
 // leave takes the node out of the cluster; the operator then stops the agent.
 func (a *Agent) leave(ctx context.Context) error { return a.store.Leave(ctx) }
 
-// plug pulls or restores the node's virtual plug. Putting it back starts a
-// fresh membership incarnation, so the node listens before it takes
-// anything, exactly as a node whose cable comes back after a restart.
-func (a *Agent) plug(ctx context.Context, r PlugRequest) error {
+// setPlug pulls or restores the node's virtual plug (plug arms its
+// restore). Putting it back starts a fresh membership incarnation, so the
+// node listens before it takes anything, exactly as a node whose cable
+// comes back after a restart.
+func (a *Agent) setPlug(ctx context.Context, r PlugRequest) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.plugged == r.Pulled {
@@ -106,6 +106,7 @@ func (a *Agent) status() Status {
 		}
 	}
 	s.Leader, _ = a.store.Leader()
+	s.RulesStopped = rulesStopped(a.store)
 	return s
 }
 
@@ -182,18 +183,6 @@ func (a *Agent) params() Params {
 		p.ARP = a.host.arpCounters()
 	}
 	return p
-}
-
-// peerHandler serves other agents: the rules peer API and drill requests,
-// all authenticated with the cluster key.
-func (a *Agent) peerHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle(rules.PeerPathPrefix, a.store.PeerHandler())
-	mux.Handle("POST /v1/peer/plug", rules.Authenticate(a.key, handle(a.plug)))
-	mux.Handle("GET /v1/peer/status", rules.Authenticate(a.key, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.status())
-	})))
-	return recoverer(mux)
 }
 
 func heartbeatStats(st heartbeat.Stats) map[string]uint64 {

@@ -310,7 +310,7 @@ func (c *RegisterNode) apply(s *State) (Result, error) {
 			}
 			n.HostPriority = info.HostPriority
 		}
-		n.HeartbeatAddr, n.APIAddr = info.HeartbeatAddr, info.APIAddr
+		n.HeartbeatAddr, n.APIAddr, n.CommandLevel = info.HeartbeatAddr, info.APIAddr, info.CommandLevel
 		return Result{NodeID: n.ID}, nil
 	}
 	for i := range s.Nodes {

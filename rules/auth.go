@@ -2,44 +2,32 @@ package rules
 
 import (
 	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
+	"crypto/tls"
+	"errors"
 	"fmt"
-	"io"
-	"log/slog"
+	"log"
+	"net"
 	"net/http"
-	"strconv"
+	"net/netip"
+	"strings"
 	"time"
 )
 
-// Headers that carry a peer request's signature.
-const (
-	HeaderTime = "X-Shoal-Time" // Unix time of signing, in nanoseconds
-	HeaderMAC  = "X-Shoal-MAC"  // hex HMAC-SHA256 of the request under the cluster key
-)
+// The peer API runs over HTTPS with mutual TLS 1.3 (see Certs), which
+// authenticates both ends, encrypts requests and replies, and makes a
+// captured connection useless to replay: each connection has fresh keys,
+// and records carry sequence numbers. What is left to check per request is
+// who may ask for what: see authorize.
 
 // KeySize is the length of the cluster key.
 const KeySize = 32
 
-// MaxSkew is how far a peer request's signing time may be from the
-// receiver's clock.
-const MaxSkew = 30 * time.Second
+// MaxPeerBody bounds a peer request's body; real ones are a few hundred
+// bytes (a command is at most maxCommandSize).
+const MaxPeerBody = maxCommandSize + 4096
 
-// maxPeerBody bounds a peer request body read for authentication.
-const maxPeerBody = 1 << 20
-
-// requestMAC is the HMAC-SHA256 under key of the method, the request URI, the
-// signing time and the body, each length-prefixed so no two requests share a
-// message.
-func requestMAC(key []byte, method, uri, ts string, body []byte) []byte {
-	m := hmac.New(sha256.New, key)
-	for _, part := range [][]byte{[]byte(method), []byte(uri), []byte(ts), body} {
-		fmt.Fprintf(m, "%d:", len(part))
-		m.Write(part)
-	}
-	return m.Sum(nil)
-}
+// maxPeerReply bounds a peer API reply read by a client.
+const maxPeerReply = 1 << 20
 
 func checkKey(key []byte) error {
 	if len(key) != KeySize {
@@ -48,98 +36,132 @@ func checkKey(key []byte) error {
 	return nil
 }
 
-// SignRequest signs req with the cluster key at time now: it reads the body
-// (and puts it back) and sets HeaderTime and HeaderMAC.
-func SignRequest(req *http.Request, key []byte, now time.Time) error {
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	var body []byte
-	if req.Body != nil && req.Body != http.NoBody {
-		b, err := io.ReadAll(req.Body)
-		req.Body.Close()
-		if err != nil {
-			return fmt.Errorf("sign peer request: %w", err)
-		}
-		body = b
-		req.Body = io.NopCloser(bytes.NewReader(b))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-		req.ContentLength = int64(len(b))
-	}
-	ts := strconv.FormatInt(now.UnixNano(), 10)
-	req.Header.Set(HeaderTime, ts)
-	req.Header.Set(HeaderMAC, hex.EncodeToString(requestMAC(key, req.Method, req.URL.RequestURI(), ts, body)))
-	return nil
-}
+// Access says who may call a peer API endpoint.
+type Access int
 
-// Authenticate wraps h so that it only sees requests signed with key
-// (SignRequest) within MaxSkew of now; others get 401 Unauthorized. The
+// Access levels.
+const (
+	// AnyCertified: any client with a certificate of the cluster, from any
+	// address (joins, and drills when enabled).
+	AnyCertified Access = iota
+	// MembersOnly: a client whose certificate names a registered node,
+	// connecting from a registered node's address. While this node knows no
+	// cluster, it is AnyCertified.
+	MembersOnly
+)
+
+// Authorize wraps h so that it only sees requests over mutual TLS from a
+// client the access level admits, with bodies capped at MaxPeerBody. The
 // agent wraps its own peer endpoints with it too.
-func Authenticate(key []byte, h http.Handler) http.Handler {
-	return authenticate(key, h, time.Now, slog.Default())
-}
-
-func authenticate(key []byte, h http.Handler, now func() time.Time, log *slog.Logger) http.Handler {
-	key = bytes.Clone(key)
+func (s *Store) Authorize(access Access, h http.Handler) http.Handler {
+	h = http.MaxBytesHandler(h, MaxPeerBody)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := verify(key, r, now()); err != nil {
-			log.Warn("refused peer request", "remote", r.RemoteAddr, "path", r.URL.Path, "err", err)
-			http.Error(w, "unauthorized: "+err.Error(), http.StatusUnauthorized)
+		if reason, err := s.authorize(access, r); err != nil {
+			s.cfg.Refusals.Refuse("peer", reason, remoteAddr(r), err)
+			http.Error(w, "forbidden: "+err.Error(), http.StatusForbidden)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
 }
 
-func verify(key []byte, r *http.Request, now time.Time) error {
-	if len(key) != KeySize {
-		return fmt.Errorf("no valid cluster key configured")
+func (s *Store) authorize(access Access, r *http.Request) (reason string, err error) {
+	name := PeerName(r.TLS)
+	if name == "" {
+		return RefuseHandshake, fmt.Errorf("no client certificate; peers must use mutual TLS")
 	}
-	ts := r.Header.Get(HeaderTime)
-	ns, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return fmt.Errorf("missing or bad %s header", HeaderTime)
+	if access == AnyCertified {
+		return "", nil
 	}
-	if skew := now.Sub(time.Unix(0, ns)); skew > MaxSkew || skew < -MaxSkew {
-		return fmt.Errorf("request time is %v from ours; check the clocks (NTP)", skew.Round(time.Second))
+	names, ips, ok := s.knownPeers()
+	if !ok {
+		return "", nil
 	}
-	got, err := hex.DecodeString(r.Header.Get(HeaderMAC))
-	if err != nil || len(got) != sha256.Size {
-		return fmt.Errorf("missing or bad %s header", HeaderMAC)
+	ap, perr := netip.ParseAddrPort(r.RemoteAddr)
+	if perr != nil || !ips[ap.Addr().Unmap()] {
+		return RefuseAddress, fmt.Errorf("%s is not the address of a node of this cluster", r.RemoteAddr)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxPeerBody))
-	if err != nil {
-		return fmt.Errorf("read body: %w", err)
+	if !names[name] {
+		return RefuseNotMember, fmt.Errorf("%q is not a node of this cluster", name)
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	if !hmac.Equal(got, requestMAC(key, r.Method, r.URL.RequestURI(), ts, body)) {
-		return fmt.Errorf("bad signature; is the cluster key the same on every node?")
+	// A forwarded request names the member that forwarded it; it must be
+	// the one whose certificate came with it.
+	if fw := r.Header.Get(headerForwarded); fw != "" && fw != name {
+		return RefuseImpersonate, fmt.Errorf("request forwarded on behalf of %q with the certificate of %q", fw, name)
 	}
-	return nil
+	return "", nil
 }
 
-// signingTransport signs every request before sending it.
-type signingTransport struct {
-	key  []byte
-	next http.RoundTripper
-	now  func() time.Time
+// remoteAddr is r's client address for a refusal's log line.
+type addrString string
+
+func (a addrString) Network() string { return "tcp" }
+func (a addrString) String() string  { return string(a) }
+
+func remoteAddr(r *http.Request) addrString { return addrString(r.RemoteAddr) }
+
+// NewPeerClient returns an HTTPS client that presents certs' certificate
+// and checks the server's, for the peer API of rules and of the agent.
+func NewPeerClient(certs *Certs) *http.Client {
+	tr := &http.Transport{
+		TLSClientConfig:       certs.ClientConfig(),
+		ForceAttemptHTTP2:     false,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   handshakeTimeout,
+		ResponseHeaderTimeout: 30 * time.Second,
+	}
+	return &http.Client{Transport: tr}
 }
 
-// RoundTrip implements http.RoundTripper.
-func (t *signingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	req = req.Clone(req.Context()) // a RoundTripper must not modify the caller's request
-	if err := SignRequest(req, t.key, t.now()); err != nil {
-		return nil, err
-	}
-	return t.next.RoundTrip(req)
+// PeerURL returns the URL of path on the peer API at addr (host:port).
+func PeerURL(addr, path string) string {
+	return "https://" + addr + "/" + strings.TrimPrefix(path, "/")
 }
 
-// NewPeerClient returns an HTTP client that signs every request with the
-// cluster key, for the peer API of rules and of the agent.
-func NewPeerClient(key []byte) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 4
-	return &http.Client{
-		Transport: &signingTransport{key: bytes.Clone(key), next: tr, now: time.Now},
+// NewPeerServer returns an HTTP server for a peer API listener, with
+// timeouts that keep a slow or idle client from holding a connection: the
+// TLS handshake and the request headers must arrive within 5 s, the whole
+// request within 10 s, and the reply (a join waits for Raft) within 30 s.
+// Errors it would print are counted in refusals under listener instead.
+func NewPeerServer(h http.Handler, listener string, refusals *Refusals) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    8 << 10,
+		ErrorLog:          refusalLog(listener, refusals),
 	}
+}
+
+// maxPeerConns bounds the peer API's connections open at once.
+const maxPeerConns = 256
+
+// PeerListener wraps a TCP listener for the peer API: at most maxPeerConns
+// connections open at once, each over mutual TLS under certs.
+func PeerListener(ln net.Listener, certs *Certs, refusals *Refusals) net.Listener {
+	return tls.NewListener(LimitListener(ln, "peer", maxPeerConns, refusals), certs.ServerConfig())
+}
+
+// refusalLog is an http.Server's error log: it counts failed TLS
+// handshakes (and anything else the server would print) as refusals of
+// listener, logged at a bounded rate, instead of one log line each.
+func refusalLog(listener string, r *Refusals) *log.Logger {
+	return log.New(refusalWriter{listener: listener, r: r}, "", 0)
+}
+
+type refusalWriter struct {
+	listener string
+	r        *Refusals
+}
+
+func (w refusalWriter) Write(p []byte) (int, error) {
+	reason := "http_error"
+	if bytes.Contains(p, []byte("TLS handshake error")) {
+		reason = RefuseHandshake
+	}
+	w.r.Refuse(w.listener, reason, nil, errors.New(string(bytes.TrimSpace(p))))
+	return len(p), nil
 }

@@ -37,6 +37,7 @@ type testNode struct {
 	raftAddr string
 	apiAddr  string
 	key      []byte
+	certs    *Certs // nil: derived from key
 	timing   Timing
 	noSync   bool
 	lastID   filter.NodeID // the id the node had when it stopped
@@ -67,6 +68,7 @@ func (n *testNode) start(bootstrap bool) {
 		HeartbeatAddr: "127.0.0.1:7946",
 		APIAddr:       n.apiAddr,
 		Key:           n.key,
+		TLS:           n.certs,
 		Bootstrap:     bootstrap,
 		Timing:        n.timing,
 		NoSync:        n.noSync,
@@ -78,8 +80,8 @@ func (n *testNode) start(bootstrap bool) {
 	}
 	n.store = s
 	n.raftAddr = s.RaftAddr()
-	n.srv = &http.Server{Handler: s.PeerHandler()}
-	go n.srv.Serve(ln)
+	n.srv = NewPeerServer(s.PeerHandler(), "peer", nil)
+	go n.srv.Serve(PeerListener(ln, s.TLS(), nil))
 	n.t.Cleanup(n.stop)
 }
 
@@ -588,8 +590,8 @@ func TestSnapshotsThroughRaft(t *testing.T) {
 func TestPeerStateEndpoint(t *testing.T) {
 	nodes := newCluster(t, 1)
 	mustApply(t, nodes[0], &PutVIP{VIP: vip1})
-	url := "http://" + nodes[0].apiAddr + PeerPathPrefix + "state"
-	resp, err := NewPeerClient(testKey).Get(url)
+	url := PeerURL(nodes[0].apiAddr, pathState)
+	resp, err := NewPeerClient(testCerts(t, "n1", testKey)).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,13 +603,9 @@ func TestPeerStateEndpoint(t *testing.T) {
 	if diff := cmp.Diff(nodes[0].store.State(), &got, stateOpts); diff != "" {
 		t.Errorf("peer state (-local +peer):\n%s", diff)
 	}
-	resp2, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp2.Body.Close()
-	if resp2.StatusCode != http.StatusUnauthorized {
-		t.Errorf("unsigned GET state: %s, want 401", resp2.Status)
+	if resp2, err := http.Get(url); err == nil {
+		resp2.Body.Close()
+		t.Errorf("GET state without TLS: %s, want refused", resp2.Status)
 	}
 }
 

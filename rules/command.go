@@ -80,6 +80,17 @@ var commandTable = map[CommandType]func() Command{
 	TypeSetSettings:         func() Command { return new(SetSettings) },
 }
 
+// CommandLevel is the highest command level this build applies. Every node
+// reports its level in the registry (NodeInfo.CommandLevel); a command type
+// added later gets the next level in commandSince, and the leader proposes
+// it only once every registered node reports that level, so no replica
+// meets an entry it cannot decode during a rolling upgrade.
+const CommandLevel = 1
+
+// commandSince is the level each command type needs; types not listed
+// need level 1.
+var commandSince = map[CommandType]int{}
+
 // entryHeader is the size of a log entry's header: the type tag, the
 // payload version and the request id.
 const entryHeader = 10

@@ -11,15 +11,17 @@ import (
 // returned by Apply wrap one of them, also when the write was forwarded to
 // the leader.
 var (
-	ErrInvalid     = errors.New("invalid")             // a value out of range or malformed
-	ErrConflict    = errors.New("conflict")            // overlap, duplicate priority or name
-	ErrUnknownNode = errors.New("unknown node")        // no such node in the registry
-	ErrUnknownRule = errors.New("unknown rule")        // no such port rule
-	ErrUnknownVIP  = errors.New("unknown vip")         // no such cluster VIP
-	ErrNoQuorum    = errors.New("no quorum")           // the write could not commit in time
-	ErrNotMember   = errors.New("not a member")        // this node has not joined a cluster
-	ErrAuth        = errors.New("peer auth refused")   // the peer refused our signature
-	errNotLeader   = errors.New("not the raft leader") // internal: retry elsewhere
+	ErrInvalid     = errors.New("invalid")                   // a value out of range or malformed
+	ErrConflict    = errors.New("conflict")                  // overlap, duplicate priority or name
+	ErrUnknownNode = errors.New("unknown node")              // no such node in the registry
+	ErrUnknownRule = errors.New("unknown rule")              // no such port rule
+	ErrUnknownVIP  = errors.New("unknown vip")               // no such cluster VIP
+	ErrNoQuorum    = errors.New("no quorum")                 // the write could not commit in time
+	ErrNotMember   = errors.New("not a member")              // this node has not joined a cluster
+	ErrAuth        = errors.New("peer auth refused")         // TLS: the peer is not of this cluster, or refused us
+	ErrStopped     = errors.New("rules application stopped") // an entry could not be applied; see Store.Halted
+	ErrUnsupported = errors.New("unsupported by a member")   // a command some member's shoal cannot apply
+	errNotLeader   = errors.New("not the raft leader")       // internal: retry elsewhere
 )
 
 // sentinels maps the wire code of a business error to its sentinel.
@@ -32,6 +34,8 @@ var sentinels = map[string]error{
 	"no-quorum":    ErrNoQuorum,
 	"not-member":   ErrNotMember,
 	"not-leader":   errNotLeader,
+	"stopped":      ErrStopped,
+	"unsupported":  ErrUnsupported,
 }
 
 // errorCode returns the wire code of err's sentinel, or "" for any other

@@ -42,26 +42,64 @@ func (r recentResult) applyResult() applyResult {
 type fsm struct {
 	mu     sync.RWMutex
 	state  *State
+	halt   *Halt          // set when an entry could not be applied; nil: healthy
 	recent []recentResult // oldest first, at most maxRecent; in snapshots
 	byID   map[uint64]int // request id -> position in recent
 	notify func()         // called after every apply and restore, without f.mu held
+	onHalt func(Halt)     // called once when application stops, without f.mu held
+}
+
+func (h Halt) err() error {
+	return fmt.Errorf("%w at raft index %d: %s; this node keeps the rules of index %d and resumes once it runs a shoal that can apply the entry (upgrade it)", ErrStopped, h.Index, h.Reason, h.Index-1)
+}
+
+// halted returns where application stopped, if it did.
+func (f *fsm) halted() (Halt, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.halt == nil {
+		return Halt{}, false
+	}
+	return *f.halt, true
 }
 
 func newFSM(notify func()) *fsm {
 	if notify == nil {
 		notify = func() {}
 	}
-	return &fsm{state: &State{}, byID: map[uint64]int{}, notify: notify}
+	return &fsm{state: &State{}, byID: map[uint64]int{}, notify: notify, onHalt: func(Halt) {}}
 }
 
-// Apply implements raft.FSM. An entry that does not decode panics: a replica
-// that skipped it would silently diverge from the others.
+// Halt says where and why a replica stopped applying the log.
+type Halt struct {
+	Index  uint64 // the entry it could not apply
+	Reason string
+}
+
+// Apply implements raft.FSM. An entry that does not decode (corrupt, or a
+// command type or version this binary does not know) stops application at
+// its index: skipping it would let this replica diverge from the others,
+// and panicking would crash-loop the node (Raft replays the same entry on
+// every start). The state stays as it was, every later entry is refused
+// alike, and snapshots are refused so the log from that index is kept: a
+// binary that knows the entry resumes from there when it starts, as Raft
+// replays the log after the last snapshot.
 func (f *fsm) Apply(l *raft.Log) any {
+	f.mu.Lock()
+	if f.halt != nil {
+		h := *f.halt
+		f.mu.Unlock()
+		return applyResult{err: h.err()}
+	}
 	cmd, reqID, err := decodeEntry(l.Data)
 	if err != nil {
-		panic(fmt.Sprintf("rules: raft log entry %d: %v", l.Index, err))
+		f.halt = &Halt{Index: l.Index, Reason: err.Error()}
+		h := *f.halt
+		f.mu.Unlock()
+		f.onHalt(h)
+		f.notify()
+		return applyResult{err: h.err()}
 	}
-	f.mu.Lock()
 	if i, dup := f.byID[reqID]; dup && reqID != 0 {
 		// A retry of a request that already committed: answer as the first
 		// time, change nothing but the index.
@@ -145,6 +183,11 @@ type snapshotData struct {
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	if f.halt != nil {
+		// A snapshot would claim entries this replica never applied, and
+		// the log they are in would be compacted away.
+		return nil, f.halt.err()
+	}
 	return &snapshot{data: snapshotData{State: f.state.Clone(), Recent: append([]recentResult(nil), f.recent...)}}, nil
 }
 
@@ -161,6 +204,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.state, f.recent, f.byID = d.State, d.Recent, byID
+	f.halt = nil // a leader's snapshot carries what this replica could not apply
 	f.mu.Unlock()
 	f.notify()
 	return nil

@@ -210,7 +210,7 @@ func TestFSMErrors(t *testing.T) {
 		{"register duplicate host priority", nil, &RegisterNode{Info: nodeInfo("n4", 2)}, ErrConflict, "free priorities include [4 5 6 7 8]"},
 		{"register taken name", nil, &RegisterNode{Info: NodeInfo{Name: "n1", HeartbeatAddr: "198.18.1.1:1", RaftAddr: "198.18.1.9:7000", APIAddr: "198.18.1.1:2"}}, ErrConflict, "pick another name"},
 		{"register taken raft address", nil, &RegisterNode{Info: NodeInfo{Name: "n9", HeartbeatAddr: "198.18.1.1:1", RaftAddr: "198.18.1.1:7000", APIAddr: "198.18.1.1:2"}}, ErrConflict, "already used by node 1"},
-		{"register bad name", nil, &RegisterNode{Info: NodeInfo{Name: "a b", HeartbeatAddr: "198.18.1.1:1", RaftAddr: "198.18.1.9:7000", APIAddr: "198.18.1.1:2"}}, ErrInvalid, "without spaces"},
+		{"register bad name", nil, &RegisterNode{Info: NodeInfo{Name: "a b", HeartbeatAddr: "198.18.1.1:1", RaftAddr: "198.18.1.9:7000", APIAddr: "198.18.1.1:2"}}, ErrInvalid, "letters, digits"},
 		{"register bad address", nil, &RegisterNode{Info: NodeInfo{Name: "n9", HeartbeatAddr: "198.18.1.1", RaftAddr: "198.18.1.9:7000", APIAddr: "198.18.1.1:2"}}, ErrInvalid, "heartbeat address"},
 		{"remove unknown node", nil, &RemoveNode{ID: 9}, ErrUnknownNode, "node 9"},
 		{"admin state, unknown node", nil, &SetAdminState{Node: 9}, ErrUnknownNode, "node 9"},
@@ -243,7 +243,7 @@ func TestFSMErrors(t *testing.T) {
 	}
 }
 
-func TestFSMUndecodableEntryPanics(t *testing.T) {
+func TestFSMUndecodableEntryStops(t *testing.T) {
 	for name, data := range map[string][]byte{
 		"empty":          nil,
 		"short header":   {byte(TypePutVIP), 1, '{', '}'},
@@ -253,14 +253,74 @@ func TestFSMUndecodableEntryPanics(t *testing.T) {
 		"unknown field":  rawEntry(TypePutVIP, 1, `{"VIP":"198.18.0.1","Extra":1}`),
 	} {
 		t.Run(name, func(t *testing.T) {
-			f := newFSM(nil)
-			defer func() {
-				if recover() == nil {
-					t.Errorf("Apply(%q) did not panic", data)
-				}
-			}()
-			f.Apply(&raft.Log{Index: 1, Data: data})
+			tf := seeded(t)
+			var halts []Halt
+			tf.f.onHalt = func(h Halt) { halts = append(halts, h) }
+			before := tf.f.current()
+			tf.index++
+			bad := tf.index
+			ar := tf.f.Apply(&raft.Log{Index: bad, Data: data}).(applyResult)
+			if !errors.Is(ar.err, ErrStopped) {
+				t.Fatalf("apply: %v, want ErrStopped", ar.err)
+			}
+			h, ok := tf.f.halted()
+			if !ok || h.Index != bad || h.Reason == "" {
+				t.Fatalf("halted = %+v, %v; want index %d with a reason", h, ok, bad)
+			}
+			// Later entries, even good ones, are refused alike: applying
+			// them would skip the one before.
+			if _, err := tf.apply(&PutVIP{VIP: netip.MustParseAddr("198.18.0.200")}); !errors.Is(err, ErrStopped) || !strings.Contains(err.Error(), "upgrade") {
+				t.Errorf("a good entry after the bad one: %v, want ErrStopped saying what to do", err)
+			}
+			if diff := cmp.Diff(before, tf.f.current(), stateOpts); diff != "" {
+				t.Errorf("state changed (-before +after):\n%s", diff)
+			}
+			if len(halts) != 1 {
+				t.Errorf("onHalt called %d times, want once", len(halts))
+			}
+			if _, err := tf.f.Snapshot(); !errors.Is(err, ErrStopped) {
+				t.Errorf("snapshot while stopped: %v, want ErrStopped (it would drop the entry from the log)", err)
+			}
 		})
+	}
+}
+
+// testLevel2 is a command type of a later shoal, for the gating tests.
+type testLevel2 struct{}
+
+const typeTestLevel2 CommandType = 200
+
+func (*testLevel2) Type() CommandType                { return typeTestLevel2 }
+func (*testLevel2) apply(s *State) (Result, error) { return Result{}, nil }
+
+// knowTestLevel2 makes this build know command type 200 at level 2, as an
+// upgraded shoal would, until the test ends.
+func knowTestLevel2(t *testing.T) {
+	commandTable[typeTestLevel2] = func() Command { return new(testLevel2) }
+	commandSince[typeTestLevel2] = 2
+	t.Cleanup(func() {
+		delete(commandTable, typeTestLevel2)
+		delete(commandSince, typeTestLevel2)
+	})
+}
+
+func TestCheckSupported(t *testing.T) {
+	knowTestLevel2(t)
+	tf := seeded(t)
+	if err := tf.f.current().CheckSupported(&PutVIP{}); err != nil {
+		t.Errorf("a level 1 command: %v", err)
+	}
+	err := tf.f.current().CheckSupported(&testLevel2{})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "node 1 (n1)") {
+		t.Errorf("a level 2 command with every node at 1: %v, want ErrUnsupported naming n1", err)
+	}
+	for i, n := range []string{"n1", "n2", "n3"} {
+		info := nodeInfo(n, i+1)
+		info.CommandLevel = 2
+		tf.mustApply(&RegisterNode{Info: info})
+		if err := tf.f.current().CheckSupported(&testLevel2{}); (err == nil) != (i == 2) {
+			t.Errorf("after %d of 3 nodes report level 2: %v", i+1, err)
+		}
 	}
 }
 

@@ -46,20 +46,22 @@ type pingReply struct {
 	Leader bool
 }
 
-// PeerHandler returns the peer API, authenticated with the cluster key.
-// Mount it on the agent's TCP peer listener at PeerPathPrefix.
+// PeerHandler returns the peer API. Mount it on the agent's peer listener
+// (PeerListener) at PeerPathPrefix. Joins come from nodes not registered
+// yet, so any certificate of the cluster may ask for one; everything else
+// is for members only (see Authorize).
 func (s *Store) PeerHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+pathApply, s.handleApply)
-	mux.HandleFunc("POST "+pathJoin, s.handleJoin)
-	mux.HandleFunc("POST "+pathRemove, s.handleRemove)
-	mux.HandleFunc("GET "+pathPing, func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST "+pathApply, s.Authorize(MembersOnly, http.HandlerFunc(s.handleApply)))
+	mux.Handle("POST "+pathJoin, s.Authorize(AnyCertified, http.HandlerFunc(s.handleJoin)))
+	mux.Handle("POST "+pathRemove, s.Authorize(MembersOnly, http.HandlerFunc(s.handleRemove)))
+	mux.Handle("GET "+pathPing, s.Authorize(MembersOnly, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, pingReply{Name: s.cfg.NodeName, Index: s.fsm.current().Index, Leader: s.IsLeader()})
-	})
-	mux.HandleFunc("GET "+pathState, func(w http.ResponseWriter, r *http.Request) {
+	})))
+	mux.Handle("GET "+pathState, s.Authorize(MembersOnly, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.fsm.current())
-	})
-	return authenticate(s.cfg.Key, mux, time.Now, s.log)
+	})))
+	return mux
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -114,6 +116,11 @@ func (s *Store) handleJoin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "join: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if reason, err := s.checkJoiner(r, info); err != nil {
+		s.cfg.Refusals.Refuse("peer", reason, remoteAddr(r), err)
+		http.Error(w, "forbidden: join: "+err.Error(), http.StatusForbidden)
+		return
+	}
 	ctx, cancel := s.leaderCtx(r)
 	defer cancel()
 	if r.Header.Get(headerForwarded) != "" {
@@ -131,6 +138,21 @@ func (s *Store) handleJoin(w http.ResponseWriter, r *http.Request) {
 			return s.forward(ctx, api, pathJoin, body, true)
 		})
 	writeReply(w, res, err)
+}
+
+// checkJoiner checks who asks for a join. A member forwarding one to the
+// leader must be a member, as for any forwarded request. With an operator
+// CA a node joins only as itself: its certificate must carry the name it
+// joins under. (With a derived CA any key holder can mint any name, so the
+// check would prove nothing.)
+func (s *Store) checkJoiner(r *http.Request, info NodeInfo) (reason string, err error) {
+	if r.Header.Get(headerForwarded) != "" {
+		return s.authorize(MembersOnly, r)
+	}
+	if name := PeerName(r.TLS); s.cfg.TLS.Operator() && name != info.Name {
+		return RefuseImpersonate, fmt.Errorf("the certificate is for %q, not for %q", name, info.Name)
+	}
+	return "", nil
 }
 
 func (s *Store) handleRemove(w http.ResponseWriter, r *http.Request) {
@@ -160,7 +182,7 @@ func jsonBody(v any) ([]byte, error) {
 // forward posts body to path on the peer API at api and decodes the reply.
 // A member passing a join on to the leader sets forwarded.
 func (s *Store) forward(ctx context.Context, api, path string, body []byte, forwarded bool) (Result, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, PeerURL(api, path), bytes.NewReader(body))
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: peer request to %s: %w", ErrInvalid, api, err)
 	}
@@ -169,15 +191,15 @@ func (s *Store) forward(ctx context.Context, api, path string, body []byte, forw
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return Result{}, fmt.Errorf("peer %s: %w", api, err)
+		return Result{}, fmt.Errorf("peer %s: %w", api, authError(err))
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxPeerBody))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxPeerReply))
 	if err != nil {
 		return Result{}, fmt.Errorf("peer %s: %w", api, err)
 	}
 	switch {
-	case resp.StatusCode == http.StatusUnauthorized:
+	case resp.StatusCode == http.StatusUnauthorized, resp.StatusCode == http.StatusForbidden:
 		return Result{}, fmt.Errorf("%w by %s: %s", ErrAuth, api, bytes.TrimSpace(b))
 	case resp.StatusCode == http.StatusBadRequest:
 		return Result{}, fmt.Errorf("%w: peer %s: %s", ErrInvalid, api, bytes.TrimSpace(b))
@@ -198,7 +220,7 @@ func (s *Store) forward(ctx context.Context, api, path string, body []byte, forw
 func (s *Store) ping(ctx context.Context, api string) error {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+api+pathPing, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, PeerURL(api, pathPing), nil)
 	if err != nil {
 		return err
 	}

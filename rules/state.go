@@ -5,7 +5,6 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
@@ -37,6 +36,25 @@ type NodeInfo struct {
 	HeartbeatAddr string // host:port of the heartbeat UDP socket
 	RaftAddr      string // host:port of the Raft TCP transport
 	APIAddr       string // host:port of the authenticated peer API
+	// CommandLevel is the highest command level the node's shoal applies;
+	// 0 stands for 1 (and is what nodes at level 1 send, so older
+	// replicas, which do not know the field, still decode the entry).
+	CommandLevel int `json:",omitempty"`
+}
+
+// level returns the command level the node reports.
+func (ni *NodeInfo) level() int { return max(1, ni.CommandLevel) }
+
+// CheckSupported returns ErrUnsupported unless every registered node
+// reports the command level cmd's type needs.
+func (s *State) CheckSupported(cmd Command) error {
+	need := max(1, commandSince[cmd.Type()])
+	for i := range s.Nodes {
+		if n := &s.Nodes[i]; n.level() < need {
+			return fmt.Errorf("%w: command type %d needs command level %d on every member, and node %d (%s) runs a shoal at level %d; upgrade every node first", ErrUnsupported, cmd.Type(), need, n.ID, n.Name, n.level())
+		}
+	}
+	return nil
 }
 
 // Node is one entry of the node registry.
@@ -223,8 +241,8 @@ func (s Settings) check() error {
 
 // check validates what a node says about itself.
 func (ni *NodeInfo) check() error {
-	if ni.Name == "" || len(ni.Name) > 64 || strings.ContainsAny(ni.Name, " \t\r\n/") {
-		return fmt.Errorf("%w: node name %q: want 1-64 characters without spaces or slashes", ErrInvalid, ni.Name)
+	if err := checkNodeName(ni.Name); err != nil {
+		return err
 	}
 	if ni.HostPriority < 0 || ni.HostPriority > MaxHostPriority {
 		return fmt.Errorf("%w: node %s: host priority %d is outside 1-%d", ErrInvalid, ni.Name, ni.HostPriority, MaxHostPriority)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -63,7 +64,12 @@ type StoreConfig struct {
 	HeartbeatAddr string // registered for this node (bootstrap; default for Join)
 	APIAddr       string // this node's peer API, where others forward to
 	HostPriority  int    // registered at bootstrap; 0: the lowest free
-	Key           []byte // the 32-byte cluster key that signs peer requests
+	// TLS is the node's certificate and trusted CAs for Raft and the peer
+	// API; nil: derived from Key (the 32-byte cluster key) for NodeName
+	// and the node's addresses.
+	TLS      *Certs
+	Key      []byte
+	Refusals *Refusals // counts what the Raft listener refuses; nil: not counted
 	// Bootstrap makes a new one-node cluster when DataDir holds no Raft
 	// state; with existing state the node restarts from it either way.
 	Bootstrap    bool
@@ -108,11 +114,21 @@ type Store struct {
 // cluster with cfg.Bootstrap and no existing state, otherwise whatever the
 // directory holds (possibly nothing yet: then the node waits to be joined).
 func Open(cfg StoreConfig) (*Store, error) {
-	if err := checkKey(cfg.Key); err != nil {
-		return nil, err
-	}
 	if cfg.NodeName == "" || cfg.DataDir == "" || cfg.RaftBind == "" {
 		return nil, fmt.Errorf("%w: open rules store: node name, data dir and raft bind address are required", ErrInvalid)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Refusals == nil {
+		cfg.Refusals = NewRefusals(cfg.Logger)
+	}
+	if cfg.TLS == nil {
+		certs, err := NewCerts(TLSOptions{Name: cfg.NodeName, Addrs: hostAddrs(cfg.RaftBind, cfg.RaftAdvertise, cfg.APIAddr), Keys: [][]byte{cfg.Key}})
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = certs
 	}
 	if cfg.Timing == (Timing{}) {
 		cfg.Timing = DefaultTiming()
@@ -123,8 +139,12 @@ func Open(cfg StoreConfig) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, client: NewPeerClient(cfg.Key), subs: map[int]chan struct{}{}, closed: make(chan struct{})}
+	s := &Store{cfg: cfg, log: cfg.Logger, client: NewPeerClient(cfg.TLS), subs: map[int]chan struct{}{}, closed: make(chan struct{})}
 	s.fsm = newFSM(s.broadcast)
+	s.fsm.onHalt = func(h Halt) {
+		s.log.Error("rules application stopped: an entry of the raft log cannot be applied by this shoal; the data plane keeps the last rules it applied",
+			"index", h.Index, "reason", h.Reason, "fix", "upgrade this node to a shoal that knows the entry; it resumes from that index on start")
+	}
 	if err := s.open(); err != nil {
 		s.Close()
 		return nil, err
@@ -159,7 +179,10 @@ func (s *Store) open() error {
 		}
 		adv = a
 	}
-	stream, err := listenAuthStream(cfg.RaftBind, adv, cfg.Key, s.log)
+	stream, err := listenTLSStream(streamConfig{
+		bind: cfg.RaftBind, advertise: adv, certs: cfg.TLS,
+		admitAddr: s.admitAddr, admitName: s.admitName, refusals: cfg.Refusals, log: s.log,
+	})
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", cfg.RaftBind, err)
 	}
@@ -313,6 +336,9 @@ func (s *Store) selfInfo(me NodeInfo) NodeInfo {
 	}
 	if me.APIAddr == "" {
 		me.APIAddr = s.cfg.APIAddr
+	}
+	if CommandLevel > 1 {
+		me.CommandLevel = CommandLevel
 	}
 	return me
 }
@@ -475,7 +501,14 @@ func (s *Store) checkAndApply(ctx context.Context, cmd Command, reqID uint64, da
 	if ar, ok := s.fsm.lookup(reqID); ok {
 		return ar.res, ar.err
 	}
-	if err := s.fsm.current().Check(cmd); err != nil {
+	if h, ok := s.fsm.halted(); ok {
+		return Result{}, h.err()
+	}
+	st := s.fsm.current()
+	if err := st.CheckSupported(cmd); err != nil {
+		return Result{}, err
+	}
+	if err := st.Check(cmd); err != nil {
 		return Result{}, err
 	}
 	return s.applyLocal(ctx, data)
@@ -832,4 +865,80 @@ func (s *Store) Close() error {
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// hostAddrs returns the IPs in a list of host:port addresses, each once.
+func hostAddrs(addrs ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil || ap.Addr().IsUnspecified() || slices.Contains(out, ap.Addr()) {
+			continue
+		}
+		out = append(out, ap.Addr())
+	}
+	return out
+}
+
+// knownPeers returns the names and IP addresses of the nodes this node
+// knows, from its Raft configuration and its registry; ok is false while it
+// knows no cluster at all (it waits to be joined).
+func (s *Store) knownPeers() (names map[string]bool, ips map[netip.Addr]bool, ok bool) {
+	names, ips = map[string]bool{}, map[netip.Addr]bool{}
+	addIP := func(hostport string) {
+		if ap, err := netip.ParseAddrPort(hostport); err == nil {
+			ips[ap.Addr().Unmap()] = true
+		}
+	}
+	if s.raft != nil {
+		if f := s.raft.GetConfiguration(); f.Error() == nil {
+			for _, srv := range f.Configuration().Servers {
+				names[string(srv.ID)] = true
+				addIP(string(srv.Address))
+			}
+		}
+	}
+	for _, n := range s.fsm.current().Nodes {
+		names[n.Name] = true
+		addIP(n.RaftAddr)
+		addIP(n.APIAddr)
+		addIP(n.HeartbeatAddr)
+	}
+	return names, ips, len(names) > 0
+}
+
+// admitAddr says whether a Raft or peer-API connection from ip may go on:
+// only from known nodes' addresses, or anyone while this node knows no
+// cluster.
+func (s *Store) admitAddr(ip netip.Addr) bool {
+	_, ips, ok := s.knownPeers()
+	return !ok || ips[ip.Unmap()]
+}
+
+// admitName says whether a peer whose certificate names name may talk Raft
+// with this node.
+func (s *Store) admitName(name string) bool {
+	names, _, ok := s.knownPeers()
+	return !ok || names[name]
+}
+
+// TLS returns the certificates the store uses for Raft and the peer API.
+func (s *Store) TLS() *Certs { return s.cfg.TLS }
+
+// Halted reports whether this replica stopped applying the log, at which
+// index and why (see fsm.Apply). The agent shows it in status and metrics.
+func (s *Store) Halted() (Halt, bool) { return s.fsm.halted() }
+
+// ReportCommandLevel re-registers this node when the registry holds a lower
+// command level than this build's (the node was upgraded), so new command
+// types become usable once every node has been.
+func (s *Store) ReportCommandLevel(ctx context.Context) error {
+	n := s.fsm.current().NodeByName(s.cfg.NodeName)
+	if n == nil || n.level() >= CommandLevel {
+		return nil
+	}
+	info := n.NodeInfo
+	info.CommandLevel = CommandLevel
+	_, err := s.Apply(ctx, &RegisterNode{Info: info})
+	return err
 }

@@ -1,67 +1,72 @@
 package rules
 
 import (
-	"bytes"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 )
 
-// Raft's own TCP connections are authenticated with the cluster key too:
-// without it, anyone who reaches the Raft port could append entries. Each
-// connection starts with a mutual challenge-response before Raft sees it:
-//
-//	dialer -> listener: raftMagic, dialer nonce (16 bytes)
-//	listener -> dialer: listener nonce (16), HMAC(key, "listener", nonces)
-//	dialer -> listener: HMAC(key, "dialer", nonces)
-//
-// Each side proves it holds the key over nonces the other chose, so a
-// recorded handshake cannot be replayed. The stream after the handshake is
-// plain TCP, as in raft.NewTCPTransport.
+// Raft's connections run over mutual TLS 1.3 (see Certs): without it,
+// anyone who reaches the Raft port, or sits on the path, could append
+// entries. A connection reaches Raft only when it comes from the address of
+// a known node, completes its handshake in time with a certificate of the
+// cluster, and names a known node (see Store.admit). A node that knows no
+// cluster yet (it waits to be joined) takes any certificate of the cluster.
 const (
-	raftMagic        = "shoalrf1"
-	nonceSize        = 16
 	handshakeTimeout = 5 * time.Second
+	// raftIdleTimeout closes an accepted connection with nothing to read
+	// for this long; a leader sends heartbeats every few tens of ms, and
+	// Raft redials a connection it lost.
+	raftIdleTimeout = 2 * time.Minute
+	// maxRaftConns bounds the accepted connections open at once (Raft pools
+	// up to three per peer) and maxRaftHandshakes those still handshaking.
+	maxRaftConns      = 256
+	maxRaftHandshakes = 16
 )
 
-func handshakeMAC(key []byte, role string, dialerNonce, listenerNonce []byte) []byte {
-	m := hmac.New(sha256.New, key)
-	m.Write([]byte(raftMagic))
-	m.Write([]byte(role))
-	m.Write(dialerNonce)
-	m.Write(listenerNonce)
-	return m.Sum(nil)
-}
-
-// authStream is a raft.StreamLayer over TCP whose connections have passed
-// the handshake.
-type authStream struct {
+// tlsStream is a raft.StreamLayer over mutual TLS.
+type tlsStream struct {
 	ln        net.Listener
 	advertise net.Addr
-	key       []byte
+	certs     *Certs
+	// admitAddr says whether a connection from an address may handshake,
+	// admitName whether a peer with that certificate may talk Raft.
+	admitAddr func(netip.Addr) bool
+	admitName func(string) bool
+	refusals  *Refusals
 	log       *slog.Logger
-	conns     chan net.Conn
-	done      chan struct{}
-	closeOnce sync.Once
+
+	handshakes chan struct{} // one token per handshake in progress
+	conns      chan net.Conn
+	done       chan struct{}
+	closeOnce  sync.Once
 }
 
-// listenAuthStream listens on bind. Peers dial advertise, or the bound
-// address when advertise is nil, which must then be a specific IP.
-func listenAuthStream(bind string, advertise net.Addr, key []byte, log *slog.Logger) (*authStream, error) {
-	ln, err := net.Listen("tcp", bind)
+// streamConfig is what listenTLSStream needs.
+type streamConfig struct {
+	bind      string
+	advertise net.Addr // nil: the bound address, which must then be a specific IP
+	certs     *Certs
+	admitAddr func(netip.Addr) bool
+	admitName func(string) bool
+	refusals  *Refusals
+	log       *slog.Logger
+}
+
+func listenTLSStream(cfg streamConfig) (*tlsStream, error) {
+	ln, err := net.Listen("tcp", cfg.bind)
 	if err != nil {
 		return nil, err
 	}
-	addr := advertise
+	addr := cfg.advertise
 	if addr == nil {
 		addr = ln.Addr()
 	}
@@ -69,14 +74,25 @@ func listenAuthStream(bind string, advertise net.Addr, key []byte, log *slog.Log
 		ln.Close()
 		return nil, fmt.Errorf("%w: raft address %s cannot be dialled by peers; set the raft advertise address", ErrInvalid, addr)
 	}
-	a := &authStream{ln: ln, advertise: addr, key: bytes.Clone(key), log: log, conns: make(chan net.Conn), done: make(chan struct{})}
+	if cfg.admitAddr == nil {
+		cfg.admitAddr = func(netip.Addr) bool { return true }
+	}
+	if cfg.admitName == nil {
+		cfg.admitName = func(string) bool { return true }
+	}
+	a := &tlsStream{
+		ln: LimitListener(ln, "raft", maxRaftConns, cfg.refusals), advertise: addr, certs: cfg.certs,
+		admitAddr: cfg.admitAddr, admitName: cfg.admitName, refusals: cfg.refusals, log: cfg.log,
+		handshakes: make(chan struct{}, maxRaftHandshakes), conns: make(chan net.Conn), done: make(chan struct{}),
+	}
 	go a.acceptLoop()
 	return a, nil
 }
 
-// acceptLoop accepts connections and hands over those whose handshake
-// succeeds; handshakes run concurrently so a slow peer holds up no one.
-func (a *authStream) acceptLoop() {
+// acceptLoop accepts connections and hands over those that pass the
+// checks; handshakes run concurrently, a bounded number at once, so a slow
+// or hostile client holds up no one.
+func (a *tlsStream) acceptLoop() {
 	for {
 		c, err := a.ln.Accept()
 		if err != nil {
@@ -91,85 +107,74 @@ func (a *authStream) acceptLoop() {
 			}
 			continue
 		}
+		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err != nil || !a.admitAddr(ap.Addr().Unmap()) {
+			a.refusals.Refuse("raft", RefuseAddress, c.RemoteAddr(), nil)
+			c.Close()
+			continue
+		}
+		select {
+		case a.handshakes <- struct{}{}:
+		default:
+			a.refusals.Refuse("raft", RefuseTooMany, c.RemoteAddr(), errors.New("too many handshakes in progress"))
+			c.Close()
+			continue
+		}
 		go func() {
-			if err := a.serverHandshake(c); err != nil {
-				a.log.Warn("refused raft connection", "remote", c.RemoteAddr(), "err", err)
+			tc, err := a.serverHandshake(c)
+			<-a.handshakes
+			if err != nil {
 				c.Close()
 				return
 			}
 			select {
-			case a.conns <- c:
+			case a.conns <- &idleConn{Conn: tc, idle: raftIdleTimeout}:
 			case <-a.done:
-				c.Close()
+				tc.Close()
 			}
 		}()
 	}
 }
 
-func (a *authStream) serverHandshake(c net.Conn) error {
-	c.SetDeadline(time.Now().Add(handshakeTimeout))
-	hello := make([]byte, len(raftMagic)+nonceSize)
-	if _, err := io.ReadFull(c, hello); err != nil {
-		return fmt.Errorf("read hello: %w", err)
+func (a *tlsStream) serverHandshake(c net.Conn) (*tls.Conn, error) {
+	tc := tls.Server(c, a.certs.ServerConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		a.refusals.Refuse("raft", RefuseHandshake, c.RemoteAddr(), err)
+		return nil, err
 	}
-	if string(hello[:len(raftMagic)]) != raftMagic {
-		return errors.New("not a shoal raft peer")
+	st := tc.ConnectionState()
+	if name := PeerName(&st); !a.admitName(name) {
+		err := fmt.Errorf("%q is not a node of this cluster", name)
+		a.refusals.Refuse("raft", RefuseNotMember, c.RemoteAddr(), err)
+		return nil, err
 	}
-	dn := hello[len(raftMagic):]
-	ln := make([]byte, nonceSize)
-	rand.Read(ln)
-	if _, err := c.Write(append(bytes.Clone(ln), handshakeMAC(a.key, "listener", dn, ln)...)); err != nil {
-		return fmt.Errorf("write challenge: %w", err)
-	}
-	got := make([]byte, sha256.Size)
-	if _, err := io.ReadFull(c, got); err != nil {
-		return fmt.Errorf("read proof: %w", err)
-	}
-	if !hmac.Equal(got, handshakeMAC(a.key, "dialer", dn, ln)) {
-		return errors.New("bad proof; is the cluster key the same on every node?")
-	}
-	return c.SetDeadline(time.Time{})
+	return tc, nil
 }
 
 // Dial implements raft.StreamLayer.
-func (a *authStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", string(addr), timeout)
-	if err != nil {
-		return nil, err
-	}
-	if err := a.clientHandshake(c, timeout); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("raft peer %s: %w", addr, err)
-	}
-	return c, nil
-}
-
-func (a *authStream) clientHandshake(c net.Conn, timeout time.Duration) error {
+func (a *tlsStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	if timeout <= 0 {
 		timeout = handshakeTimeout
 	}
-	c.SetDeadline(time.Now().Add(timeout))
-	dn := make([]byte, nonceSize)
-	rand.Read(dn)
-	if _, err := c.Write(append([]byte(raftMagic), dn...)); err != nil {
-		return fmt.Errorf("write hello: %w", err)
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: a.certs.ClientConfig()}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := d.DialContext(ctx, "tcp", string(addr))
+	if err != nil {
+		return nil, fmt.Errorf("raft peer %s: %w", addr, err)
 	}
-	reply := make([]byte, nonceSize+sha256.Size)
-	if _, err := io.ReadFull(c, reply); err != nil {
-		return fmt.Errorf("read challenge (wrong cluster key?): %w", err)
+	tc := c.(*tls.Conn)
+	st := tc.ConnectionState()
+	if name := PeerName(&st); !a.admitName(name) {
+		tc.Close()
+		return nil, fmt.Errorf("%w: raft peer %s presents a certificate for %q, not a node of this cluster", ErrAuth, addr, name)
 	}
-	ln := reply[:nonceSize]
-	if !hmac.Equal(reply[nonceSize:], handshakeMAC(a.key, "listener", dn, ln)) {
-		return fmt.Errorf("%w: the peer does not hold the cluster key", ErrAuth)
-	}
-	if _, err := c.Write(handshakeMAC(a.key, "dialer", dn, ln)); err != nil {
-		return fmt.Errorf("write proof: %w", err)
-	}
-	return c.SetDeadline(time.Time{})
+	return tc, nil
 }
 
 // Accept implements net.Listener.
-func (a *authStream) Accept() (net.Conn, error) {
+func (a *tlsStream) Accept() (net.Conn, error) {
 	select {
 	case c := <-a.conns:
 		return c, nil
@@ -179,7 +184,7 @@ func (a *authStream) Accept() (net.Conn, error) {
 }
 
 // Close implements net.Listener.
-func (a *authStream) Close() error {
+func (a *tlsStream) Close() error {
 	var err error
 	a.closeOnce.Do(func() {
 		close(a.done)
@@ -189,4 +194,16 @@ func (a *authStream) Close() error {
 }
 
 // Addr implements net.Listener: the address peers dial.
-func (a *authStream) Addr() net.Addr { return a.advertise }
+func (a *tlsStream) Addr() net.Addr { return a.advertise }
+
+// idleConn closes a connection on which nothing arrives for idle: each
+// read pushes the deadline on.
+type idleConn struct {
+	net.Conn
+	idle time.Duration
+}
+
+func (c *idleConn) Read(p []byte) (int, error) {
+	c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+	return c.Conn.Read(p)
+}

@@ -52,6 +52,7 @@ func newApp() *cli.App {
 			plugCommand,
 			ip2macCommand,
 			keygenCommand,
+			tlsCommand,
 			simulateCommand,
 			drillCommand,
 			labCommand,

@@ -281,12 +281,16 @@ func clusterSettled(ctx context.Context, a *agentAPI, victim uint32, gone bool, 
 // peerPlug pulls or restores a node's plug over the authenticated peer API.
 func peerPlug(ctx context.Context, peer string, key []byte, pulled bool) error {
 	b, _ := json.Marshal(map[string]bool{"pulled": pulled})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+peer+"/v1/peer/plug", bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rules.PeerURL(peer, "/v1/peer/plug"), bytes.NewReader(b))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	c := rules.NewPeerClient(key)
+	certs, err := rules.NewCerts(rules.TLSOptions{Name: "shoal-drill", Keys: [][]byte{key}})
+	if err != nil {
+		return err
+	}
+	c := rules.NewPeerClient(certs)
 	c.Timeout = 5 * time.Second
 	return doJSON(c, req, "peer "+peer)
 }

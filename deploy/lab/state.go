@@ -209,6 +209,7 @@ type AgentConfig struct {
 	Bootstrap       bool     `yaml:"bootstrap,omitempty"`
 	Join            []string `yaml:"join,omitempty"`
 	HeartbeatPeriod string   `yaml:"heartbeat_period,omitempty"`
+	Drills          bool     `yaml:"drills"` // the lab is for drills: `shoal drill plug` over the peer API
 }
 
 // AgentConfig returns the configuration of node i (0-based): node 0
@@ -227,6 +228,7 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 		PeerAddr:      at(PeerPort),
 		Socket:        n.Socket,
 		MetricsAddr:   at(MetricsPort),
+		Drills:        true,
 	}
 	if i == 0 {
 		c.Bootstrap = true

@@ -93,6 +93,7 @@ socket: /run/shoal-lab/shl00ab/node1.sock
 metrics_addr: 198.18.7.11:9946
 bootstrap: true
 heartbeat_period: 200ms
+drills: true
 `},
 		{"node3 joins through node1, default period", 2, 0, `node_name: node3
 interface: eth0
@@ -107,6 +108,7 @@ socket: /run/shoal-lab/shl00ab/node3.sock
 metrics_addr: 198.18.7.13:9946
 join:
     - 198.18.7.11:7948
+drills: true
 `},
 	}
 	for _, tt := range tests {

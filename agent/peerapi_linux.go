@@ -1,0 +1,142 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/shoalnet/shoal/rules"
+)
+
+// MaxPlugPull is the longest a virtual plug stays pulled: a pull that
+// nobody undoes (a drill that died, a request replayed) restores itself.
+const MaxPlugPull = 30 * time.Second
+
+// security is the agent's TLS identity, its refusal counters and the
+// pulled plug's restore timer.
+type security struct {
+	certs    *rules.Certs
+	refusals *rules.Refusals
+
+	mu      sync.Mutex // guards restore and gen
+	restore *time.Timer
+	gen     uint64 // bumped by every plug change, so a stale timer does nothing
+}
+
+// tlsOptions is how the config says to get certificates: files of an
+// operator CA, or a CA derived from the cluster key.
+func tlsOptions(cfg *Config, key []byte) rules.TLSOptions {
+	o := rules.TLSOptions{Name: cfg.NodeName, Keys: [][]byte{key},
+		CAFile: cfg.TLS.CAFile, CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile}
+	for _, hp := range []string{cfg.PeerAddr, cfg.RaftAddr, cfg.HeartbeatAddr} {
+		if ap, err := netip.ParseAddrPort(hp); err == nil && !ap.Addr().IsUnspecified() {
+			o.Addrs = append(o.Addrs, ap.Addr())
+		}
+	}
+	return o
+}
+
+func newSecurity(cfg *Config, key []byte, a *Agent) (*security, error) {
+	certs, err := rules.NewCerts(tlsOptions(cfg, key))
+	if err != nil {
+		return nil, err
+	}
+	return &security{certs: certs, refusals: rules.NewRefusals(a.log)}, nil
+}
+
+// servePeerAPI serves the peer API on cfg.PeerAddr over mutual TLS, with
+// timeouts and a connection cap, until the returned function stops it.
+func (a *Agent) servePeerAPI() (stop func() error, err error) {
+	ln, err := net.Listen("tcp", a.cfg.PeerAddr)
+	if err != nil {
+		return nil, fmt.Errorf("peer api: %w", err)
+	}
+	srv := rules.NewPeerServer(a.peerHandler(), "peer", a.sec.refusals)
+	go srv.Serve(rules.PeerListener(ln, a.sec.certs, a.sec.refusals))
+	return srv.Close, nil
+}
+
+// maxMetricsConns bounds the metrics listener's open connections.
+const maxMetricsConns = 32
+
+// serveMetrics serves h on addr with timeouts and a connection cap: a
+// scrape is a short GET, nothing may hold the listener.
+func (a *Agent) serveMetrics(addr string, h http.Handler) (stop func() error, err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	srv := &http.Server{
+		Handler: http.MaxBytesHandler(h, 4<<10), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 8 << 10,
+	}
+	go srv.Serve(rules.LimitListener(ln, "metrics", maxMetricsConns, a.sec.refusals))
+	return srv.Close, nil
+}
+
+// peerHandler serves other agents and tools: the rules peer API, the
+// node's status for members, and the drill endpoint when drills are
+// enabled. Every request comes over mutual TLS (see rules.Authorize).
+func (a *Agent) peerHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(rules.PeerPathPrefix, a.store.PeerHandler())
+	if a.cfg.Drills {
+		mux.Handle("POST /v1/peer/plug", a.store.Authorize(rules.AnyCertified, handle(a.plug)))
+	} else {
+		mux.HandleFunc("POST /v1/peer/plug", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusForbidden, APIError{Error: "drills are disabled on this node; set drills: true in its config to allow them"})
+		})
+	}
+	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.status())
+	})))
+	return recoverer(mux)
+}
+
+// plug pulls or restores the virtual plug. A pull restores itself after
+// r.RestoreAfter, at most MaxPlugPull (also its default).
+func (a *Agent) plug(ctx context.Context, r PlugRequest) error {
+	after := MaxPlugPull
+	if r.RestoreAfter > 0 && r.RestoreAfter < after {
+		after = r.RestoreAfter
+	}
+	s := a.sec
+	s.mu.Lock()
+	s.gen++
+	gen := s.gen
+	if s.restore != nil {
+		s.restore.Stop()
+		s.restore = nil
+	}
+	if r.Pulled {
+		s.restore = time.AfterFunc(after, func() {
+			s.mu.Lock()
+			stale := s.gen != gen
+			s.mu.Unlock()
+			if stale {
+				return
+			}
+			a.log.Warn("virtual plug restores itself", "after", after)
+			if err := a.setPlug(context.Background(), PlugRequest{Pulled: false}); err != nil {
+				a.log.Error("restore the virtual plug", "err", err)
+			}
+		})
+	}
+	s.mu.Unlock()
+	return a.setPlug(ctx, r)
+}
+
+// reportCommandLevel tells the cluster which command level this build
+// applies, after an upgrade (see rules.CommandLevel). It is not fatal: the
+// leader just keeps refusing newer commands.
+func (a *Agent) reportCommandLevel(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := a.store.ReportCommandLevel(cctx); err != nil {
+		a.log.Warn("report this node's command level", "level", rules.CommandLevel, "err", err)
+	}
+}
