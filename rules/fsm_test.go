@@ -290,7 +290,7 @@ type testLevel2 struct{}
 
 const typeTestLevel2 CommandType = 200
 
-func (*testLevel2) Type() CommandType                { return typeTestLevel2 }
+func (*testLevel2) Type() CommandType              { return typeTestLevel2 }
 func (*testLevel2) apply(s *State) (Result, error) { return Result{}, nil }
 
 // knowTestLevel2 makes this build know command type 200 at level 2, as an
