@@ -236,4 +236,3 @@ func arpReplied(t *testing.T, l *lab.Lab, name string) uint64 {
 	}
 	return p.ARP["replied"]
 }
-
