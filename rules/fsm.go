@@ -210,28 +210,69 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
+// Bounds a snapshot must respect before it is validated, so decoding and
+// validation cost is bounded whatever the input (validation is at worst
+// quadratic in the rules, on at most maxSnapshotRules). Real snapshots are
+// a few kB: the data plane holds 16 VIPs and 127 rules, and host
+// priorities (1-32, unique) bound the nodes.
+const (
+	maxSnapshotSize     = 4 << 20
+	maxSnapshotVIPs     = 256
+	maxSnapshotRules    = 1024
+	maxSnapshotNodes    = MaxHostPriority
+	maxSnapshotNodeRule = maxSnapshotRules // settings per node
+)
+
 func decodeSnapshot(r io.Reader) (*snapshotData, error) {
-	var v [1]byte
-	if _, err := io.ReadFull(r, v[:]); err != nil {
+	b, err := io.ReadAll(io.LimitReader(r, maxSnapshotSize+1))
+	if err != nil {
 		return nil, fmt.Errorf("restore rules snapshot: %w", err)
 	}
-	if v[0] != snapshotVersion {
-		return nil, fmt.Errorf("restore rules snapshot: unsupported version %d", v[0])
+	if len(b) > maxSnapshotSize {
+		return nil, fmt.Errorf("restore rules snapshot: over %d bytes", maxSnapshotSize)
+	}
+	if len(b) == 0 {
+		return nil, fmt.Errorf("restore rules snapshot: empty")
+	}
+	if b[0] != snapshotVersion {
+		return nil, fmt.Errorf("restore rules snapshot: unsupported version %d", b[0])
 	}
 	d := new(snapshotData)
-	if err := json.NewDecoder(r).Decode(d); err != nil {
+	if err := json.Unmarshal(b[1:], d); err != nil {
 		return nil, fmt.Errorf("restore rules snapshot: %w", err)
 	}
 	if d.State == nil {
 		return nil, fmt.Errorf("restore rules snapshot: no state")
 	}
+	if err := d.checkCounts(); err != nil {
+		return nil, fmt.Errorf("restore rules snapshot: %w", err)
+	}
 	if err := d.State.validate(); err != nil {
 		return nil, fmt.Errorf("restore rules snapshot: %w", err)
 	}
-	if len(d.Recent) > maxRecent {
-		return nil, fmt.Errorf("restore rules snapshot: %d recent results, over %d", len(d.Recent), maxRecent)
-	}
 	return d, nil
+}
+
+// checkCounts checks the sizes of everything in a decoded snapshot, before
+// any validation whose cost grows with them.
+func (d *snapshotData) checkCounts() error {
+	s := d.State
+	switch {
+	case len(d.Recent) > maxRecent:
+		return fmt.Errorf("%w: %d recent results, over %d", ErrInvalid, len(d.Recent), maxRecent)
+	case len(s.VIPs) > maxSnapshotVIPs:
+		return fmt.Errorf("%w: %d vips, over %d", ErrInvalid, len(s.VIPs), maxSnapshotVIPs)
+	case len(s.Rules) > maxSnapshotRules:
+		return fmt.Errorf("%w: %d rules, over %d", ErrInvalid, len(s.Rules), maxSnapshotRules)
+	case len(s.Nodes) > maxSnapshotNodes:
+		return fmt.Errorf("%w: %d nodes, over %d", ErrInvalid, len(s.Nodes), maxSnapshotNodes)
+	}
+	for i := range s.Nodes {
+		if n := len(s.Nodes[i].Rules); n > maxSnapshotNodeRule {
+			return fmt.Errorf("%w: node %d has settings for %d rules, over %d", ErrInvalid, s.Nodes[i].ID, n, maxSnapshotNodeRule)
+		}
+	}
+	return nil
 }
 
 // snapshot is a point-in-time copy of the FSM; Persist does the IO.

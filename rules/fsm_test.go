@@ -3,6 +3,7 @@ package rules
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"strings"
@@ -395,17 +396,45 @@ func TestSnapshotPersistCancelsOnError(t *testing.T) {
 
 func TestRestoreRejectsBadSnapshots(t *testing.T) {
 	for name, data := range map[string]string{
-		"empty":        "",
-		"version":      "\x02{}",
-		"json":         "\x01{",
-		"no state":     "\x01{}",
-		"invalid rule": "\x01" + `{"State":{"Rules":[{"ID":1,"PortLo":9,"PortHi":1,"Proto":1}],"LastRuleID":1}}`,
+		"empty":          "",
+		"version":        "\x02{}",
+		"json":           "\x01{",
+		"no state":       "\x01{}",
+		"invalid rule":   "\x01" + `{"State":{"Rules":[{"ID":1,"PortLo":9,"PortHi":1,"Proto":1}],"LastRuleID":1}}`,
+		"too big":        "\x01" + `{"State":{}}` + strings.Repeat(" ", maxSnapshotSize),
+		"too many rules": "\x01" + `{"State":{"Rules":[` + strings.TrimSuffix(strings.Repeat(`{"ID":1},`, maxSnapshotRules+1), ",") + `]}}`,
+		"too many nodes": "\x01" + `{"State":{"Nodes":[` + strings.TrimSuffix(strings.Repeat(`{"ID":1},`, maxSnapshotNodes+1), ",") + `]}}`,
+		"too many vips":  "\x01" + `{"State":{"VIPs":[` + strings.TrimSuffix(strings.Repeat(`"198.18.0.1",`, maxSnapshotVIPs+1), ",") + `]}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			if err := newFSM(nil).Restore(io.NopCloser(strings.NewReader(data))); err == nil {
-				t.Error("Restore succeeded")
+			err := newFSM(nil).Restore(io.NopCloser(strings.NewReader(data)))
+			if err == nil {
+				t.Fatal("Restore succeeded")
+			}
+			// Bounds are checked before the (costlier) validation.
+			if strings.HasPrefix(name, "too ") && !strings.Contains(err.Error(), "over") {
+				t.Errorf("Restore: %v, want the bound named", err)
 			}
 		})
+	}
+}
+
+// TestSnapshotValidationIsBounded restores the largest snapshot the bounds
+// let through, every rule checked against every other: it must stay fast,
+// so a hostile or corrupt snapshot cannot stall a node.
+func TestSnapshotValidationIsBounded(t *testing.T) {
+	var rules []string
+	for i := 1; i <= maxSnapshotRules; i++ {
+		rules = append(rules, fmt.Sprintf(`{"ID":%d,"PortLo":%d,"PortHi":%d,"Proto":1,"Mode":0,"Affinity":1}`, i, i, i))
+	}
+	data := "\x01" + fmt.Sprintf(`{"State":{"Rules":[%s],"LastRuleID":%d}}`, strings.Join(rules, ","), maxSnapshotRules)
+	start := time.Now()
+	err := newFSM(nil).Restore(io.NopCloser(strings.NewReader(data)))
+	if err != nil {
+		t.Fatalf("restore %d rules: %v", maxSnapshotRules, err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("restoring %d rules took %v", maxSnapshotRules, d)
 	}
 }
 
