@@ -46,7 +46,7 @@ func (t *Traffic) defaults() error {
 }
 
 // ErrLabOnly is returned for a scenario a real cluster cannot run.
-var ErrLabOnly = errors.New("drill: kill needs --lab (on a real cluster, kill the agent yourself: kill -9 $(pidof shoal))")
+var ErrLabOnly = errors.New("drill: kill, sigterm and rule need --lab (on a real cluster, signal the agent yourself, or change the rule with shoal rules set)")
 
 // DefaultSettleTimeout bounds the wait for the cluster to settle after the
 // event.
@@ -89,7 +89,7 @@ func RunCluster(ctx context.Context, o ClusterOptions) (*Report, error) {
 	if o.SettleTimeout == 0 {
 		o.SettleTimeout = DefaultSettleTimeout
 	}
-	if o.Scenario == Kill {
+	if o.Scenario.LabOnly() {
 		return nil, ErrLabOnly
 	}
 	if o.Node == "" {
@@ -253,6 +253,8 @@ func settledWhat(s Scenario, how string, all bool) string {
 			return "joined: " + how + " with the node, every bucket owned"
 		}
 		return "joined: " + how + " with the node"
+	case Rule:
+		return "rule changed: " + how + " at the new rules index, every bucket owned"
 	}
 	return "rebalanced: " + how + " with the new weight"
 }

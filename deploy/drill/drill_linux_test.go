@@ -222,3 +222,41 @@ func TestClusterPlug(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestLabRule is `shoal drill --lab rule`, briefly: the
+// port rule's range grows under new-connection load from a client with a
+// 2 s timeout. The drill must measure when every node has the new rule
+// with every bucket owned, and count the requests, failed and delayed.
+func TestLabRule(t *testing.T) {
+	bin, base := needLab(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rep, err := RunLab(ctx, LabOptions{
+		Scenario: Rule,
+		Traffic:  Traffic{Duration: 4 * time.Second, Lead: time.Second, Concurrency: 4, Timeout: 2 * time.Second},
+		Lab:      lab.Options{Nodes: 3, Binary: bin, Base: base},
+		Progress: tWriter{t},
+	})
+	if rep != nil {
+		var b bytes.Buffer
+		rep.WriteText(&b)
+		t.Log("\n" + b.String())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Scenario != Rule || rep.SettledMS <= 0 || rep.SettledMS > 10000 {
+		t.Errorf("drill %q settled after %v ms; want rule, a measured time", rep.Scenario, rep.SettledMS)
+	}
+	if rep.Failures != 0 || rep.Requests < 100 || rep.Connects != rep.Requests {
+		t.Errorf("%d of %d requests failed (%v), %d connects; want none failed of at least 100, each on its own connection",
+			rep.Failures, rep.Requests, rep.Errors, rep.Connects)
+	}
+	var delayed int
+	for _, s := range rep.Timeline {
+		delayed += s.Delayed
+	}
+	if delayed != rep.Delayed || len(rep.DelayedList) != rep.Delayed {
+		t.Errorf("delayed: %d in the timeline, %d listed, %d counted", delayed, len(rep.DelayedList), rep.Delayed)
+	}
+}

@@ -181,7 +181,11 @@ func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, erro
 			return nil, err
 		}
 		return func() error { return d.without(ctx, victimID) }, nil
-	case Kill:
+	case Kill, SIGTERM:
+		sig := syscall.SIGKILL
+		if d.o.Scenario == SIGTERM {
+			sig = syscall.SIGTERM
+		}
 		// The newest agent process of the node: a join may have restarted it.
 		var p lab.Proc
 		for _, q := range slices.Backward(l.Procs) {
@@ -193,10 +197,20 @@ func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, erro
 		if p.PID == 0 {
 			return nil, fmt.Errorf("drill: no agent process of %s", name)
 		}
-		if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
-			return nil, fmt.Errorf("drill: kill %s's agent (pid %d): %w", name, p.PID, err)
+		if err := syscall.Kill(p.PID, sig); err != nil {
+			return nil, fmt.Errorf("drill: signal %s's agent (pid %d, %v): %w", name, p.PID, sig, err)
 		}
 		return func() error { return d.without(ctx, victimID) }, nil
+	case Rule:
+		rule := fmt.Sprintf("%s:%d", l.VIP, lab.HTTPPort)
+		if _, err := d.ctl.Run(ctx, d.victim.Socket, "rules", "set", "--ports", fmt.Sprintf("%d-%d", lab.HTTPPort, lab.HTTPPort+1), rule); err != nil {
+			return nil, err
+		}
+		st, err := d.ctl.Status(ctx, d.other.Socket)
+		if err != nil {
+			return nil, err
+		}
+		return func() error { return d.all(ctx, st.RulesIndex, 0) }, nil
 	case Drainstop:
 		if _, err := d.ctl.Run(ctx, d.other.Socket, "drainstop", "--node", name, "--no-wait"); err != nil {
 			return nil, err

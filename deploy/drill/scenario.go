@@ -23,10 +23,17 @@ const (
 	Join Scenario = "join"
 	// Weight sets the node's weight on the VIP's port rule.
 	Weight Scenario = "weight"
+	// Rule changes the VIP's port rule in place (lab only): its port range
+	// grows from 80 to 80-81, so its mapping changes and every node
+	// releases and re-acquires its buckets.
+	Rule Scenario = "rule"
+	// SIGTERM stops the node's agent gracefully, as `systemctl stop`
+	// does (lab only).
+	SIGTERM Scenario = "sigterm"
 )
 
 // Scenarios lists every scenario, in the order the CLI shows them.
-var Scenarios = []Scenario{Plug, Kill, Drainstop, Join, Weight}
+var Scenarios = []Scenario{Plug, Kill, Drainstop, Join, Weight, Rule, SIGTERM}
 
 // ParseScenario returns the scenario called s.
 func ParseScenario(s string) (Scenario, error) {
@@ -55,10 +62,18 @@ func (s Scenario) verb() string {
 		return "join of"
 	case Weight:
 		return "weight change of"
+	case Rule:
+		return "port rule changed through"
+	case SIGTERM:
+		return "agent stopped (SIGTERM) on"
 	}
 	return string(s) + " of"
 }
 
 // LosesNode reports whether the scenario takes the node out of the cluster
 // (its buckets must move to the others).
-func (s Scenario) LosesNode() bool { return s == Plug || s == Kill || s == Drainstop }
+func (s Scenario) LosesNode() bool { return s == Plug || s == Kill || s == Drainstop || s == SIGTERM }
+
+// LabOnly reports whether only a lab can run the scenario: a drill does
+// not signal agents or rewrite rules on a real cluster.
+func (s Scenario) LabOnly() bool { return s == Kill || s == SIGTERM || s == Rule }

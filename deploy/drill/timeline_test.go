@@ -1,6 +1,8 @@
 package drill
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -99,5 +101,14 @@ func TestParseScenario(t *testing.T) {
 	}
 	if _, err := ParseScenario("unplug"); err == nil {
 		t.Error("ParseScenario(unplug) succeeded")
+	}
+}
+
+func TestLabOnlyScenarios(t *testing.T) {
+	for _, sc := range Scenarios {
+		_, err := RunCluster(context.Background(), ClusterOptions{Scenario: sc, URL: "http://198.18.7.100/", Socket: "/nonexistent.sock", Node: "n3"})
+		if got := errors.Is(err, ErrLabOnly); got != sc.LabOnly() {
+			t.Errorf("%s on a cluster: %v; want ErrLabOnly: %v", sc, err, sc.LabOnly())
+		}
 	}
 }
