@@ -36,7 +36,8 @@ type Agent struct {
 	dp    dataplane
 	hc    *healthChecker
 	link  *heartbeat.Transport
-	sec   *security // TLS identity, refusal counts, plug restore
+	sec   *security    // TLS identity, refusal counts, plug restore
+	hist  *viewHistory // view changes and failovers, for the status page
 
 	wake chan struct{} // a reconcile is due
 
@@ -122,6 +123,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		return err
 	}
 	a.reportCommandLevel(ctx)
+	a.hist = newViewHistory(a.self)
 	if err := a.ensureVIPs(ctx); err != nil {
 		return err
 	}
@@ -177,6 +179,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metricsHandler(a, securityCollector{a.sec.refusals, a.store}))
+		mux.Handle("/", statusPageHandler(a, peerSamplerFor(rules.NewPeerClient(a.sec.certs))))
 		stopMetrics, err := a.serveMetrics(cfg.MetricsAddr, mux)
 		if err != nil {
 			return err
@@ -444,6 +447,7 @@ func (a *Agent) reconcile() {
 	}
 	prevView := a.hbStatus.View
 	a.hbStatus = st
+	a.hist.observe(time.Now(), viewState{st.View, st.Converged, st.Peers}, a.nodeName)
 	admin := rules.AdminStopped
 	if n := a.rstate.Node(a.self); n != nil {
 		admin = n.Admin

@@ -91,6 +91,7 @@ func (a *Agent) peerHandler() http.Handler {
 			writeJSON(w, http.StatusForbidden, APIError{Error: "drills are disabled on this node; set drills: true in its config to allow them"})
 		})
 	}
+	mux.Handle("GET /v1/peer/sample", a.store.Authorize(rules.MembersOnly, a.sampleHandler()))
 	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.status())
 	})))

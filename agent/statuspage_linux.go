@@ -1,0 +1,28 @@
+package agent
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+)
+
+// history is what the status page shows of the past.
+func (a *Agent) history() historySnapshot { return a.hist.snapshot() }
+
+// nodeName names a registered node. Call with a.mu held.
+func (a *Agent) nodeName(id filter.NodeID) string {
+	if n := a.rstate.Node(id); n != nil {
+		return n.Name
+	}
+	return fmt.Sprintf("node %d", id)
+}
+
+// sampleHandler serves this node's counters to the other nodes' status
+// pages (the peer API authorizes the caller).
+func (a *Agent) sampleHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, sample(a.status(), a.params(), time.Now()))
+	})
+}
