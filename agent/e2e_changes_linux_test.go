@@ -28,8 +28,8 @@ type plannedChange struct {
 // TestE2EPlannedChanges makes every planned change in turn on one 3-node
 // lab per server type, each under long-lived keep-alive connections (a
 // request on each every 100 ms) and new-connection load (2 s client
-// timeout): a weight change, editing the port rule's affinity and ports, a
-// new hash seed, removing the rule (its traffic goes to the default host),
+// timeout): a weight change, a new hash seed, editing the port rule's
+// ports and affinity, removing the rule (its traffic goes to the default host),
 // adding a rule for every VIP, adding a rule for the VIP over it, drainstop,
 // join and leave. Each must break no established connection and fail no
 // request; drainstop must return only once the drained node's connections
@@ -42,14 +42,16 @@ func TestE2EPlannedChanges(t *testing.T) {
 		{"weight", func(t *testing.T, l *lab.Lab) {
 			mustShoal(t, l, "node2", "weight", "set", vipPort(l), "node1", "100")
 		}, all},
-		{"rule affinity", func(t *testing.T, l *lab.Lab) {
-			mustShoal(t, l, "node1", "rules", "set", "--affinity", "single", vipPort(l))
+		// With affinity none the client's connections spread over many
+		// buckets; affinity single (client IP) then puts them all in one.
+		{"hash seed", func(t *testing.T, l *lab.Lab) {
+			mustShoal(t, l, "node1", "settings", "set", "--hash-seed", "424242")
 		}, all},
 		{"rule ports", func(t *testing.T, l *lab.Lab) {
 			mustShoal(t, l, "node1", "rules", "set", "--ports", "80-81", vipPort(l))
 		}, all},
-		{"hash seed", func(t *testing.T, l *lab.Lab) {
-			mustShoal(t, l, "node1", "settings", "set", "--hash-seed", "424242")
+		{"rule affinity", func(t *testing.T, l *lab.Lab) {
+			mustShoal(t, l, "node1", "rules", "set", "--affinity", "single", vipPort(l))
 		}, all},
 		{"rule remove", func(t *testing.T, l *lab.Lab) {
 			mustShoal(t, l, "node1", "rules", "remove", vipPort(l))
