@@ -14,7 +14,7 @@ import (
 
 // plannedServers are the servers TestE2EPlannedChanges runs against: each
 // holds its connections in other sockets (see lab.Server).
-var plannedServers = []lab.Server{lab.ServerNginx}
+var plannedServers = []lab.Server{lab.ServerApache, lab.ServerDualStack, lab.ServerNginx}
 
 // plannedChange is one planned change: do makes it through the CLI and
 // returns once it is made; the case then waits until the nodes named by
