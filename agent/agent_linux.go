@@ -23,6 +23,8 @@ import (
 type dataplane interface {
 	Update(t *filter.Tables, ifMAC net.HardwareAddr) error
 	Counters() (filter.Counters, error)
+	RenewLease(d time.Duration) error
+	SetHeartbeatPeers(self netip.AddrPort, peers []netip.AddrPort) error
 }
 
 // Agent is one running node.
@@ -41,22 +43,23 @@ type Agent struct {
 
 	wake chan struct{} // a reconcile is due
 
-	mu          sync.Mutex // guards everything below
-	self        filter.NodeID
-	rstate      *rules.State
-	fcfg        *filter.Config
-	assigner    filter.Assigner // remembers each rule's table between views
-	machine     *heartbeat.Machine[filter.Grant]
-	hbStatus    heartbeat.Status[filter.Grant]
-	held        filter.Set
-	heldKey     string            // setKey(held), for cheap comparison
-	drainingHB  heartbeat.Buckets // last.draining as heartbeats carry it
-	conns       int
-	last        plan
-	lastKey     reconcileKey
-	plugged     bool
-	tablesIndex uint64 // rules index the data plane's tables come from
-	stopAsked   bool   // a drain finished and the stop was proposed
+	mu           sync.Mutex // guards everything below
+	self         filter.NodeID
+	rstate       *rules.State
+	fcfg         *filter.Config
+	assigner     filter.Assigner // remembers each rule's table between views
+	machine      *heartbeat.Machine[filter.Grant]
+	hbStatus     heartbeat.Status[filter.Grant]
+	held         filter.Set
+	heldKey      string            // setKey(held), for cheap comparison
+	drainingHB   heartbeat.Buckets // last.draining as heartbeats carry it
+	conns        int
+	last         plan
+	lastKey      reconcileKey
+	plugged      bool
+	tablesIndex  uint64 // rules index the data plane's tables come from
+	stopAsked    bool   // a drain finished and the stop was proposed
+	leaseFailing bool   // the last lease renewal failed (logged once)
 }
 
 // reconcileKey is what the data plane was last computed from; an unchanged
@@ -298,7 +301,49 @@ func (a *Agent) applyRules(now time.Time, st *rules.State) {
 	if a.host != nil {
 		a.host.setVIPs(st.VIPs)
 	}
+	if a.dp != nil {
+		self, peers := a.heartbeatAllow()
+		if err := a.dp.SetHeartbeatPeers(self, peers); err != nil {
+			a.log.Warn("xdp heartbeat filter; heartbeats from anyone reach the socket", "err", err)
+		}
+	}
 	a.setLocal(now)
+}
+
+// heartbeatAllow returns this node's heartbeat socket and the peers' for
+// the data plane's heartbeat filter; a zero self (no filter) when an
+// address cannot be matched against packets (unspecified or not IPv4).
+func (a *Agent) heartbeatAllow() (netip.AddrPort, []netip.AddrPort) {
+	host, port, err := net.SplitHostPort(a.cfg.HeartbeatAddr)
+	if err != nil {
+		return netip.AddrPort{}, nil
+	}
+	addr := netip.IPv4Unspecified()
+	if host != "" {
+		if addr, err = netip.ParseAddr(host); err != nil {
+			return netip.AddrPort{}, nil
+		}
+	}
+	p, err := netip.ParseAddrPort(net.JoinHostPort(addr.String(), port))
+	if err != nil || !p.Addr().Unmap().Is4() {
+		return netip.AddrPort{}, nil
+	}
+	peers := a.peerAddrs()
+	for _, q := range peers {
+		if !q.Addr().Unmap().Is4() || q.Addr().IsUnspecified() {
+			return netip.AddrPort{}, nil
+		}
+	}
+	return p, peers
+}
+
+// leaseLength is how long the data plane keeps accepting new connections
+// without hearing from the agent: T-1 heartbeat periods, so that a stalled
+// agent stops before its peers declare it dead (T periods) and take over.
+func (a *Agent) leaseLength() time.Duration {
+	p := cmp.Or(a.rstate.Settings.HeartbeatPeriod, heartbeat.DefaultPeriod)
+	t := cmp.Or(a.rstate.Settings.HeartbeatTolerance, heartbeat.DefaultTolerance)
+	return time.Duration(max(t-1, 1)) * p
 }
 
 // setLocal tells the machine what this node advertises. Call with a.mu held.
@@ -404,6 +449,12 @@ func (a *Agent) step(ctx context.Context, now time.Time) time.Time {
 	defer a.mu.Unlock()
 	a.setLocal(now)
 	a.machine.Tick(now)
+	// Every step (at least one a period) renews the data-plane lease.
+	err := a.dp.RenewLease(a.leaseLength())
+	if err != nil && !a.leaseFailing {
+		a.log.Error("renew xdp lease; owned buckets will drain when it ends", "err", err)
+	}
+	a.leaseFailing = err != nil
 	if !a.machine.View().Equal(a.hbStatus.View) {
 		// A new view releases buckets at once. Learn which of them still
 		// hold connections before the heartbeat that advertises the view

@@ -15,6 +15,11 @@ type ConnLookup interface {
 	// listener (established, SYN_RECV, TIME_WAIT, ...) for the connection
 	// from client to vip.
 	HoldsConn(client, vip netip.AddrPort) bool
+	// ValidCookie reports whether a TCP ACK (no SYN, no RST) from client
+	// to vip completes a SYN-cookie handshake this node's listener
+	// answered (in XDP: bpf_tcp_check_syncookie). It is asked only when
+	// HoldsConn is false; seq and ack are the segment's numbers.
+	ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool
 }
 
 // NoConns is a ConnLookup for a node that holds no connections.
@@ -22,6 +27,9 @@ type NoConns struct{}
 
 // HoldsConn always reports false.
 func (NoConns) HoldsConn(client, vip netip.AddrPort) bool { return false }
+
+// ValidCookie always reports false.
+func (NoConns) ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool { return false }
 
 // Classifier is the reference data plane: the XDP program's verdicts,
 // computed in Go from Tables. Tests compare the two frame by frame, and
@@ -43,8 +51,14 @@ func (NoConns) HoldsConn(client, vip netip.AddrPort) bool { return false }
 //     DefaultRule. So are TCP shorter than 20 bytes or with a data offset
 //     outside the segment, UDP or ICMP shorter than 8 bytes, and an ICMP
 //     error whose embedded IPv4 header is broken.
-//   - Fragments (MF or an offset): the rule for destination port 0 of the
-//     protocol (TCP and UDP; DefaultRule for others), key (client IP, 0).
+//   - A datagram's first fragment (MF, offset 0) is judged like any packet
+//     and its verdict remembered (by source, destination, protocol and IP
+//     id; FragEntries datagrams, least recently used forgotten first);
+//     a later fragment gets the remembered verdict, counted under the same
+//     rule. A later fragment whose first fragment was not seen: the rule
+//     for destination port 0 of the protocol (TCP and UDP; DefaultRule for
+//     others), key (client IP, 0). A first fragment dropped as malformed is
+//     not remembered.
 //   - TCP and UDP: the rule for the destination port, key by its affinity.
 //   - ICMP errors (destination unreachable, time exceeded, parameter
 //     problem) about a packet sent from a VIP are judged as the packets of
@@ -53,18 +67,30 @@ func (NoConns) HoldsConn(client, vip netip.AddrPort) bool { return false }
 //   - A disabled rule drops. Then by bucket state: Owned accepts, NotOwned
 //     drops; OwnedDirty accepts a SYN (SYN without ACK), other TCP only for
 //     a connection this node holds, and everything else; Draining accepts
-//     TCP only for a connection this node holds, nothing else. Fragments
-//     count as "everything else" (they carry no ports to look up).
+//     TCP only for a connection this node holds, nothing else. A TCP ACK
+//     (not an ICMP error about one) that finds no connection holds one when
+//     it completes a valid SYN cookie. Later fragments judged without their
+//     first count as "everything else" (they carry no ports to look up).
+//   - The data-plane lease: once it has expired (SetLeaseExpired), Owned
+//     and OwnedDirty count as Draining.
+//   - Not VIP traffic, and passed, but for UDP to this node's heartbeat
+//     socket from an address that is not a peer's (SetHeartbeatPeers):
+//     dropped with DropNotPeer, counted apart from the rules.
 type Classifier struct {
-	t     *Tables
-	mac   [6]byte
-	conns ConnLookup
+	t            *Tables
+	mac          [6]byte
+	conns        ConnLookup
+	leaseExpired bool
+	frags        *fragMemory // nil until a first fragment is seen; nil in Classify
+	remember     bool
+	hbSelf       netip.AddrPort
+	hbPeers      map[netip.AddrPort]bool
 }
 
 // NewClassifier returns a classifier for a node with tables t whose cluster
 // interface has MAC ifMAC. conns may be nil for a node with no connections.
 func NewClassifier(t *Tables, ifMAC net.HardwareAddr, conns ConnLookup) *Classifier {
-	c := &Classifier{t: t, conns: conns}
+	c := &Classifier{t: t, conns: conns, remember: true}
 	copy(c.mac[:], ifMAC)
 	if c.conns == nil {
 		c.conns = NoConns{}
@@ -74,7 +100,8 @@ func NewClassifier(t *Tables, ifMAC net.HardwareAddr, conns ConnLookup) *Classif
 
 // Classify judges one frame for a node with tables t and interface MAC
 // ifMAC, as Classifier.Classify does (rewriting the destination MAC of
-// frame on Accept). conns may be nil.
+// frame on Accept), for a node that remembers no fragments. conns may be
+// nil.
 func Classify(t *Tables, frame []byte, ifMAC net.HardwareAddr, conns ConnLookup) Result {
 	c := Classifier{t: t, conns: conns}
 	copy(c.mac[:], ifMAC)
@@ -84,14 +111,35 @@ func Classify(t *Tables, frame []byte, ifMAC net.HardwareAddr, conns ConnLookup)
 	return c.Classify(frame)
 }
 
+// SetTables makes t the tables later frames are judged by, keeping what
+// the classifier remembers of fragments (as the XDP program keeps its LRU
+// across updates).
+func (c *Classifier) SetTables(t *Tables) { c.t = t }
+
+// SetLeaseExpired says whether the data-plane lease has expired.
+func (c *Classifier) SetLeaseExpired(expired bool) { c.leaseExpired = expired }
+
+// SetHeartbeatPeers mirrors (*XDP).SetHeartbeatPeers. An unspecified
+// address in self stands for every local address; a zero self turns the
+// check off.
+func (c *Classifier) SetHeartbeatPeers(self netip.AddrPort, peers []netip.AddrPort) {
+	c.hbSelf = netip.AddrPortFrom(self.Addr().Unmap(), self.Port())
+	c.hbPeers = make(map[netip.AddrPort]bool, len(peers))
+	for _, p := range peers {
+		c.hbPeers[netip.AddrPortFrom(p.Addr().Unmap(), p.Port())] = true
+	}
+}
+
 // flow is what the state rules need to know of a packet.
 type flow struct {
-	rule   RuleID
-	a, b   uint32 // key words
-	tcp    bool   // a TCP packet with a known 4-tuple (or an ICMP error about one)
-	syn    bool
-	client netip.AddrPort
-	vip    netip.AddrPort
+	rule     RuleID
+	a, b     uint32 // key words
+	tcp      bool   // a TCP packet with a known 4-tuple (or an ICMP error about one)
+	syn      bool
+	cookie   bool // a TCP ACK without SYN or RST, itself (not quoted by ICMP)
+	seq, ack uint32
+	client   netip.AddrPort
+	vip      netip.AddrPort
 }
 
 // Classify judges frame. On Accept it rewrites the destination MAC of frame
@@ -119,7 +167,23 @@ func (c *Classifier) Classify(frame []byte) Result {
 	}
 	dst := addr4(ip[16:20])
 	if !c.isVIP(dst) {
+		if !c.heartbeatOK(ip, dst) {
+			return Result{Verdict: Drop, Reason: DropNotPeer}
+		}
 		return Result{Verdict: Pass}
+	}
+	fragOff := binary.BigEndian.Uint16(ip[6:8])
+	var fk fragKey
+	if fragOff&0x3fff != 0 {
+		fk = fragKey{src: addr4(ip[12:16]), dst: dst, id: binary.BigEndian.Uint16(ip[4:6]), proto: ip[9]}
+	}
+	if fragOff&0x1fff != 0 && c.frags != nil && saneIPv4(ip) {
+		if res, ok := c.frags.get(fk); ok {
+			if res.Verdict == Accept {
+				copy(frame[0:6], c.mac[:])
+			}
+			return res
+		}
 	}
 	f, ok := c.parse(ip, dst)
 	if !ok {
@@ -131,11 +195,43 @@ func (c *Classifier) Classify(frame []byte) Result {
 	if st := c.t.States[f.rule]; st != nil {
 		res.State = st[bucket]
 	}
+	if c.leaseExpired && (res.State == Owned || res.State == OwnedDirty) {
+		res.State = Draining
+	}
 	res.Verdict, res.Reason = c.judge(&f, res.State)
+	if fragOff&0x3fff == 0x2000 && c.remember { // a first fragment
+		if c.frags == nil {
+			c.frags = newFragMemory(FragEntries)
+		}
+		c.frags.put(fk, res)
+	}
 	if res.Verdict == Accept {
 		copy(frame[0:6], c.mac[:])
 	}
 	return res
+}
+
+// heartbeatOK reports whether a non-VIP IPv4 packet may pass: anything but
+// UDP to this node's heartbeat socket from a stranger.
+func (c *Classifier) heartbeatOK(ip []byte, dst netip.Addr) bool {
+	if c.hbSelf.Port() == 0 || layers.IPProtocol(ip[9]) != layers.IPProtocolUDP {
+		return true
+	}
+	if a := c.hbSelf.Addr(); a.IsValid() && !a.IsUnspecified() && a != dst {
+		return true
+	}
+	if binary.BigEndian.Uint16(ip[6:8])&0x1fff != 0 {
+		return true // a later fragment: no ports
+	}
+	ihl := int(ip[0]&0x0f) * 4
+	if ihl < 20 || ihl > 60 || len(ip) < ihl+8 {
+		return true
+	}
+	udp := ip[ihl:]
+	if binary.BigEndian.Uint16(udp[2:4]) != c.hbSelf.Port() {
+		return true
+	}
+	return c.hbPeers[netip.AddrPortFrom(addr4(ip[12:16]), binary.BigEndian.Uint16(udp[0:2]))]
 }
 
 func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
@@ -146,7 +242,7 @@ func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
 	case Owned:
 		return Accept, NoReason
 	case OwnedDirty:
-		if !f.tcp || f.syn || c.conns.HoldsConn(f.client, f.vip) {
+		if !f.tcp || f.syn || c.holds(f) {
 			return Accept, NoReason
 		}
 		return Drop, DropDirtyNoConn
@@ -154,7 +250,7 @@ func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
 		// A SYN opens a new connection, which is never this node's here,
 		// even when it finds the TIME_WAIT socket of an old one on the same
 		// ports (the kernel would take it as a new connection).
-		if f.tcp && !f.syn && c.conns.HoldsConn(f.client, f.vip) {
+		if f.tcp && !f.syn && c.holds(f) {
 			return Accept, NoReason
 		}
 		return Drop, DropDrainNoConn
@@ -162,19 +258,32 @@ func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
 	return Drop, DropNotOwned
 }
 
+// holds asks whether this node holds f's connection: a socket, or a valid
+// SYN cookie for an ACK that finds none.
+func (c *Classifier) holds(f *flow) bool {
+	return c.conns.HoldsConn(f.client, f.vip) || f.cookie && c.conns.ValidCookie(f.client, f.vip, f.seq, f.ack)
+}
+
+// saneIPv4 reports whether the IPv4 header of ip is one parse accepts.
+func saneIPv4(ip []byte) bool {
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(ip[2:4]))
+	return ip[0]>>4 == 4 && ihl >= 20 && total >= ihl && total <= len(ip)
+}
+
 // parse reads the flow of an IPv4 packet to VIP dst; ok is false when the
 // packet is malformed.
 func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
-	ihl := int(ip[0]&0x0f) * 4
-	total := int(binary.BigEndian.Uint16(ip[2:4]))
-	if ip[0]>>4 != 4 || ihl < 20 || total < ihl || total > len(ip) {
+	if !saneIPv4(ip) {
 		return f, false
 	}
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(ip[2:4]))
 	srcRaw := binary.BigEndian.Uint32(ip[12:16])
 	proto := layers.IPProtocol(ip[9])
 	l4 := ip[ihl:total]
 	cfg := c.t.Config
-	if binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 { // MF or offset
+	if binary.BigEndian.Uint16(ip[6:8])&0x1fff != 0 { // a later fragment
 		f.rule = DefaultRule
 		if p := protoOf(proto); p != 0 {
 			f.rule, _ = cfg.Lookup(dst, p, 0)
@@ -201,7 +310,9 @@ func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
 		f.a, f.b = FlowKey(cfg.Affinity(f.rule), srcRaw, sport)
 		if proto == layers.IPProtocolTCP {
 			f.tcp = true
-			f.syn = l4[13]&0x12 == 0x02 // SYN without ACK
+			f.syn = l4[13]&0x12 == 0x02    // SYN without ACK
+			f.cookie = l4[13]&0x16 == 0x10 // ACK without SYN or RST
+			f.seq, f.ack = binary.BigEndian.Uint32(l4[4:8]), binary.BigEndian.Uint32(l4[8:12])
 			f.client = netip.AddrPortFrom(addr4(ip[12:16]), sport)
 			f.vip = netip.AddrPortFrom(dst, dport)
 		}
@@ -284,3 +395,84 @@ func protoOf(p layers.IPProtocol) Protocol {
 }
 
 func addr4(b []byte) netip.Addr { return netip.AddrFrom4([4]byte(b)) }
+
+// fragKey names a datagram, as the XDP program's fragment LRU does.
+type fragKey struct {
+	src, dst netip.Addr
+	id       uint16
+	proto    uint8
+}
+
+// fragMemory is an exact LRU of first-fragment verdicts, the model of the
+// program's BPF_MAP_TYPE_LRU_HASH (whose eviction is only approximately
+// least-recently-used: tests stay below its capacity). It allocates only
+// when it is created.
+type fragMemory struct {
+	idx        map[fragKey]int32
+	keys       []fragKey
+	vals       []Result
+	prev, next []int32 // the recency list through slots; head is the newest
+	head, tail int32
+}
+
+func newFragMemory(n int) *fragMemory {
+	m := &fragMemory{idx: make(map[fragKey]int32, n), keys: make([]fragKey, 0, n), vals: make([]Result, 0, n),
+		prev: make([]int32, 0, n), next: make([]int32, 0, n), head: -1, tail: -1}
+	return m
+}
+
+func (m *fragMemory) unlink(i int32) {
+	if p := m.prev[i]; p >= 0 {
+		m.next[p] = m.next[i]
+	} else {
+		m.head = m.next[i]
+	}
+	if n := m.next[i]; n >= 0 {
+		m.prev[n] = m.prev[i]
+	} else {
+		m.tail = m.prev[i]
+	}
+}
+
+func (m *fragMemory) pushFront(i int32) {
+	m.prev[i], m.next[i] = -1, m.head
+	if m.head >= 0 {
+		m.prev[m.head] = i
+	}
+	m.head = i
+	if m.tail < 0 {
+		m.tail = i
+	}
+}
+
+func (m *fragMemory) get(k fragKey) (Result, bool) {
+	i, ok := m.idx[k]
+	if !ok {
+		return Result{}, false
+	}
+	m.unlink(i)
+	m.pushFront(i)
+	return m.vals[i], true
+}
+
+func (m *fragMemory) put(k fragKey, r Result) {
+	if i, ok := m.idx[k]; ok {
+		m.vals[i] = r
+		m.unlink(i)
+		m.pushFront(i)
+		return
+	}
+	var i int32
+	if len(m.keys) < cap(m.keys) {
+		i = int32(len(m.keys))
+		m.keys, m.vals = append(m.keys, k), append(m.vals, r)
+		m.prev, m.next = append(m.prev, -1), append(m.next, -1)
+	} else {
+		i = m.tail
+		m.unlink(i)
+		delete(m.idx, m.keys[i])
+		m.keys[i], m.vals[i] = k, r
+	}
+	m.idx[k] = i
+	m.pushFront(i)
+}

@@ -86,7 +86,7 @@ func TestClassifyRulesAndKeys(t *testing.T) {
 			Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
 		{"network affinity", pkt{src: refClient, sport: 1, dst: refVIP2, dport: 53, proto: layers.IPProtocolUDP},
 			Result{Verdict: Accept, Rule: 3, Bucket: b(AffinityNetwork, cl, 0), State: Owned}},
-		{"first fragment: port 0 rule, client ip key", firstFrag, Result{Verdict: Accept, Rule: 1, Bucket: Bucket(c.Seed, AffinitySingle, cl, 0), State: Owned}},
+		{"first fragment: judged by its ports", firstFrag, Result{Verdict: Accept, Rule: 2, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
 		{"later udp fragment: default rule", laterFrag, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
 		{"icmp fragment", icmpFrag, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
 		{"echo request", echo, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},

@@ -30,6 +30,7 @@ type pkt struct {
 	icmpType uint8
 	mf       bool
 	fragOff  uint16 // in 8-byte units
+	id       uint16 // IP id; 0 means 7
 	ipOpts   bool
 	tcpOpts  bool
 	payload  []byte
@@ -44,7 +45,7 @@ func (p *pkt) build() []byte {
 		eth.EthernetType = layers.EthernetTypeDot1Q
 		ls = append(ls, &layers.Dot1Q{VLANIdentifier: 42, Type: layers.EthernetTypeIPv4})
 	}
-	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: p.proto, SrcIP: p.src.AsSlice(), DstIP: p.dst.AsSlice(), FragOffset: p.fragOff, Id: 7}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: p.proto, SrcIP: p.src.AsSlice(), DstIP: p.dst.AsSlice(), FragOffset: p.fragOff, Id: cmpOr(p.id, 7)}
 	if p.mf {
 		ip.Flags |= layers.IPv4MoreFragments
 	}
@@ -161,6 +162,14 @@ type gen struct {
 	conn     [2]netip.AddrPort
 	listener netip.AddrPort
 	ports    []uint16 // interesting ports: rule edges and the like
+	// Fragments: IP ids start at idBase; datagrams lists first fragments
+	// made, which later fragments reuse (fragHits counts those).
+	idBase    uint16
+	datagrams []pkt
+	fragHits  int
+	// This node's heartbeat socket and its peers', when set.
+	hbSelf  netip.AddrPort
+	hbPeers []netip.AddrPort
 }
 
 func (g *gen) addr() netip.Addr {
@@ -251,6 +260,20 @@ func (g *gen) frame() []byte {
 		}
 	case k < 70:
 		p.proto = layers.IPProtocolUDP
+		if g.hbSelf.IsValid() && rng.IntN(6) == 0 {
+			// To this node's heartbeat socket, from a peer's or not.
+			p.dst, p.dport = g.hbSelf.Addr(), g.hbSelf.Port()
+			if p.dst.IsUnspecified() {
+				p.dst = g.addr()
+			}
+			if len(g.hbPeers) > 0 && rng.IntN(2) == 0 {
+				hp := g.hbPeers[rng.IntN(len(g.hbPeers))]
+				p.src, p.sport = hp.Addr(), hp.Port()
+				if rng.IntN(5) == 0 {
+					p.sport++ // the right address, another socket
+				}
+			}
+		}
 	case k < 78:
 		p.proto = layers.IPProtocolICMPv4
 		p.icmpType = []uint8{0, 8, 13, 5}[rng.IntN(4)]
@@ -276,11 +299,26 @@ func (g *gen) frame() []byte {
 			p.inner = p.inner[:rng.IntN(len(p.inner))] // a short quote
 		}
 	case k < 95:
-		// A fragment, first or later.
+		// A fragment, first or later, of a datagram seen before or not.
 		p.proto = []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4}[rng.IntN(3)]
+		p.id = g.idBase | uint16(rng.IntN(4096))
+		if p.proto == layers.IPProtocolTCP {
+			p.syn, p.ack = rng.IntN(3) == 0, rng.IntN(2) == 0
+			if g.conn[0].IsValid() && rng.IntN(3) == 0 {
+				p.src, p.sport, p.dst, p.dport = g.conn[0].Addr(), g.conn[0].Port(), g.conn[1].Addr(), g.conn[1].Port()
+				p.syn, p.ack = false, true
+			}
+		}
 		p.mf = rng.IntN(3) > 0
 		if !p.mf || rng.IntN(2) == 0 {
 			p.fragOff = uint16(1 + rng.IntN(1000))
+			if len(g.datagrams) > 0 && rng.IntN(3) > 0 {
+				d := g.datagrams[rng.IntN(len(g.datagrams))]
+				p.src, p.dst, p.proto, p.id = d.src, d.dst, d.proto, d.id
+				g.fragHits++
+			}
+		} else {
+			g.datagrams = append(g.datagrams, p)
 		}
 	default:
 		p.proto = layers.IPProtocol([]uint8{47, 50, 132, 255}[rng.IntN(4)])
@@ -325,6 +363,10 @@ type conns map[[2]netip.AddrPort]bool
 
 func (c conns) HoldsConn(client, vip netip.AddrPort) bool { return c[[2]netip.AddrPort{client, vip}] }
 
+// ValidCookie: the tests' nodes never answer with SYN cookies, but for
+// TestSynCookie, which runs a real handshake.
+func (c conns) ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool { return false }
+
 // countingConns counts the lookups that found a connection.
 type countingConns struct {
 	conns
@@ -337,4 +379,11 @@ func (c *countingConns) HoldsConn(client, vip netip.AddrPort) bool {
 		c.found++
 	}
 	return ok
+}
+
+func cmpOr(v, def uint16) uint16 {
+	if v != 0 {
+		return v
+	}
+	return def
 }

@@ -23,9 +23,39 @@ type shoalCounters struct {
 	N [6]uint64
 }
 
+type shoalFragKey struct {
+	_     structs.HostLayout
+	Src   uint32
+	Dst   uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type shoalFragVerdict struct {
+	_      structs.HostLayout
+	Slot   uint16
+	Accept uint8
+	Reason uint8
+}
+
+type shoalHbConf struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type shoalHbPeer struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
 type shoalPortTable struct {
 	_    structs.HostLayout
-	Slot [65536]uint8
+	Slot [65536]uint16
 }
 
 type shoalRuleInfo struct {
@@ -46,8 +76,8 @@ type shoalSettings struct {
 type shoalVipBucket struct {
 	_    structs.HostLayout
 	N    uint32
-	Addr [16]uint32
-	Idx  [16]uint8
+	Addr [64]uint32
+	Idx  [64]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -59,6 +89,11 @@ const (
 	shoalMapBarrierInner    = "barrier_inner"
 	shoalMapBuckets         = "buckets"
 	shoalMapCounters        = "counters"
+	shoalMapFrags           = "frags"
+	shoalMapHbConf          = "hb_conf"
+	shoalMapHbDrops         = "hb_drops"
+	shoalMapHbPeers         = "hb_peers"
+	shoalMapLease           = "lease"
 	shoalMapPorts           = "ports"
 	shoalMapRules           = "rules"
 	shoalMapSettings        = "settings"
@@ -122,6 +157,11 @@ type shoalMapSpecs struct {
 	BarrierInner *ebpf.MapSpec `ebpf:"barrier_inner"`
 	Buckets      *ebpf.MapSpec `ebpf:"buckets"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
+	Frags        *ebpf.MapSpec `ebpf:"frags"`
+	HbConf       *ebpf.MapSpec `ebpf:"hb_conf"`
+	HbDrops      *ebpf.MapSpec `ebpf:"hb_drops"`
+	HbPeers      *ebpf.MapSpec `ebpf:"hb_peers"`
+	Lease        *ebpf.MapSpec `ebpf:"lease"`
 	Ports        *ebpf.MapSpec `ebpf:"ports"`
 	Rules        *ebpf.MapSpec `ebpf:"rules"`
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
@@ -159,6 +199,11 @@ type shoalMaps struct {
 	BarrierInner *ebpf.Map `ebpf:"barrier_inner"`
 	Buckets      *ebpf.Map `ebpf:"buckets"`
 	Counters     *ebpf.Map `ebpf:"counters"`
+	Frags        *ebpf.Map `ebpf:"frags"`
+	HbConf       *ebpf.Map `ebpf:"hb_conf"`
+	HbDrops      *ebpf.Map `ebpf:"hb_drops"`
+	HbPeers      *ebpf.Map `ebpf:"hb_peers"`
+	Lease        *ebpf.Map `ebpf:"lease"`
 	Ports        *ebpf.Map `ebpf:"ports"`
 	Rules        *ebpf.Map `ebpf:"rules"`
 	Settings     *ebpf.Map `ebpf:"settings"`
@@ -172,6 +217,11 @@ func (m *shoalMaps) Close() error {
 		m.BarrierInner,
 		m.Buckets,
 		m.Counters,
+		m.Frags,
+		m.HbConf,
+		m.HbDrops,
+		m.HbPeers,
+		m.Lease,
 		m.Ports,
 		m.Rules,
 		m.Settings,

@@ -55,7 +55,12 @@ const (
 	DropDrainNoConn                   // Draining bucket, no local connection (always for UDP and other traffic)
 	DropDisabled                      // the rule is disabled cluster-wide
 	DropMalformed                     // VIP traffic with a broken IPv4, TCP, UDP or ICMP header
-	NumDropReasons                    // number of reasons, NoReason included
+	NumDropReasons                    // number of per-rule reasons, NoReason included
+
+	// DropNotPeer: UDP to this node's heartbeat socket from an address that
+	// is not a registered peer's. It is not VIP traffic and is counted apart
+	// from the rules ((*XDP).HeartbeatDrops).
+	DropNotPeer = NumDropReasons
 )
 
 func (r DropReason) String() string {
@@ -72,6 +77,8 @@ func (r DropReason) String() string {
 		return "disabled"
 	case DropMalformed:
 		return "malformed"
+	case DropNotPeer:
+		return "not-peer"
 	}
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
@@ -96,9 +103,10 @@ type RuleCounters struct {
 // Counters holds packet counts by rule. Pass verdicts are not counted.
 type Counters map[RuleID]RuleCounters
 
-// Count adds one judgement to the counters, as the XDP program does.
+// Count adds one judgement to the counters, as the XDP program does:
+// VIP traffic only.
 func (c Counters) Count(r Result) {
-	if r.Verdict == Pass {
+	if r.Verdict == Pass || r.Reason >= NumDropReasons {
 		return
 	}
 	rc := c[r.Rule]

@@ -9,25 +9,19 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
-// Capacities of the XDP program's tables (the same numbers are in
-// xdp/shoal.c). Update refuses tables that exceed them with ErrCapacity.
 const (
-	MaxVIPs  = 16  // VIPs per cluster
-	MaxRules = 127 // port rules, DefaultRule not counted
 	maxSlots = MaxRules + 1
 	vipDir   = 256 // VIP directory entries per version, by last octet
 )
-
-// ErrCapacity is returned by Update when the tables hold more VIPs or port
-// rules than the XDP program has room for.
-var ErrCapacity = errors.New("tables exceed the data plane's capacity")
 
 // AttachMode is how the program is attached to an interface.
 type AttachMode string
@@ -49,7 +43,11 @@ type XDP struct {
 	mode    AttachMode
 	version uint32            // the version packets are judged by
 	slots   map[RuleID]uint32 // rule -> table slot and counter index
-	vipDir  [2][]uint32       // vips entries holding VIPs, per version
+	vipDir  [2][]uint32       // vips entries that may hold VIPs, per version
+	hbPeers map[shoalHbPeer]bool
+
+	// putVIPs writes one VIP directory entry; tests make it fail.
+	putVIPs func(key uint32, vb *shoalVipBucket) error
 }
 
 // LoadXDP loads the XDP program and its tables into the kernel. It judges
@@ -59,7 +57,8 @@ func LoadXDP() (*XDP, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("load xdp: remove memlock limit: %w", err)
 	}
-	x := &XDP{slots: map[RuleID]uint32{DefaultRule: 0}}
+	x := &XDP{slots: map[RuleID]uint32{DefaultRule: 0}, hbPeers: map[shoalHbPeer]bool{}}
+	x.putVIPs = func(k uint32, vb *shoalVipBucket) error { return x.objs.Vips.Update(k, vb, ebpf.UpdateAny) }
 	if err := loadShoalObjects(&x.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -154,7 +153,8 @@ func (x *XDP) Close() error {
 // inactive copy of every table, flips the index the program reads once per
 // packet, then waits until no packet is still being judged by the old
 // copy, so that when Update returns the old tables are out of use. On error
-// the active tables are unchanged.
+// the active tables are unchanged, and what was half written to the
+// inactive copy is cleared by the next Update.
 func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	c := t.Config
 	switch {
@@ -205,9 +205,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 			return fmt.Errorf("update xdp buckets of rule %d: %w", id, err)
 		}
 	}
-	var every [2]*[65536]uint8 // ports of the every-VIP rules, by protocol
+	var every [2]*[65536]uint16 // ports of the every-VIP rules, by protocol
 	for pi, p := range []Protocol{ProtoTCP, ProtoUDP} {
-		every[pi] = new([65536]uint8)
+		every[pi] = new([65536]uint16)
 		fillPorts(every[pi], c, netip.Addr{}, p, slots)
 	}
 	pt := new(shoalPortTable)
@@ -238,7 +238,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 }
 
 // writeVIPs fills the VIP directory of version v: VIPs grouped by the last
-// octet of their address, each with its index in vips.
+// octet of their address, each with its index in vips. If a write fails,
+// every entry it touched stays listed in vipDir, so that the next write of
+// v clears what this one half wrote.
 func (x *XDP) writeVIPs(v uint32, vips []netip.Addr) error {
 	byKey := map[uint32]*shoalVipBucket{}
 	for _, k := range x.vipDir[v] {
@@ -258,8 +260,13 @@ func (x *XDP) writeVIPs(v uint32, vips []netip.Addr) error {
 		vb.Idx[vb.N] = uint8(i)
 		vb.N++
 	}
+	touched := make([]uint32, 0, len(byKey))
+	for k := range byKey {
+		touched = append(touched, k)
+	}
+	x.vipDir[v] = touched
 	for k, vb := range byKey {
-		if err := x.objs.Vips.Update(k, vb, ebpf.UpdateAny); err != nil {
+		if err := x.putVIPs(k, vb); err != nil {
 			return fmt.Errorf("update xdp vips: %w", err)
 		}
 	}
@@ -314,13 +321,13 @@ func pickSlot(inNew, inOld *[maxSlots]bool, avoidOld bool) uint32 {
 // Within a group the first rule in order wins, as in Config.Lookup, so
 // rules are written last to first. Filling a table with the every-VIP
 // group and then one VIP's group gives Config.Lookup's answer for that VIP.
-func fillPorts(tbl *[65536]uint8, c *Config, vip netip.Addr, p Protocol, slots map[RuleID]uint32) {
+func fillPorts(tbl *[65536]uint16, c *Config, vip netip.Addr, p Protocol, slots map[RuleID]uint32) {
 	for i := len(c.Rules) - 1; i >= 0; i-- {
 		r := &c.Rules[i]
 		if r.VIP != vip || r.Proto&p == 0 {
 			continue
 		}
-		s := uint8(slots[r.ID])
+		s := uint16(slots[r.ID])
 		for port := int(r.PortLo); port <= int(r.PortHi); port++ {
 			tbl[port] = s
 		}
@@ -370,4 +377,106 @@ func driverOf(ifname string) string {
 		return ""
 	}
 	return l.Type()
+}
+
+// RenewLease pushes the data-plane lease's deadline to d from now (on the
+// kernel's monotonic clock, which bpf_ktime_get_ns reads). Once the deadline
+// passes without another renewal, the program treats owned and owned-dirty
+// buckets as draining: it takes no new connections and keeps the ones this
+// node holds. Call it every heartbeat period with d about (T-1) periods, so
+// a stalled agent stops taking new connections before its peers declare it
+// dead and take its buckets. A d <= 0 ends the lease at once. Until the
+// first call there is no lease and owned buckets stay owned.
+func (x *XDP) RenewLease(d time.Duration) error {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return fmt.Errorf("renew xdp lease: read the monotonic clock: %w", err)
+	}
+	deadline := max(ts.Nano()+d.Nanoseconds(), 1) // 0 would mean no lease
+	if err := x.objs.Lease.Update(uint32(0), uint64(deadline), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("renew xdp lease: %w", err)
+	}
+	return nil
+}
+
+// SetHeartbeatPeers makes the program drop UDP sent to self (this node's
+// heartbeat socket; an unspecified address stands for every local address)
+// unless it comes from one of peers (the registered peers' heartbeat
+// sockets, from which they send), counting the drops (HeartbeatDrops). A
+// zero self turns the check off. Heartbeats of strangers then never reach
+// the agent's socket, its HMAC check or its logs.
+func (x *XDP) SetHeartbeatPeers(self netip.AddrPort, peers []netip.AddrPort) error {
+	if len(peers) > MaxHeartbeatPeers {
+		return fmt.Errorf("set heartbeat peers: %d peers, at most %d: %w", len(peers), MaxHeartbeatPeers, ErrCapacity)
+	}
+	var conf shoalHbConf
+	if self.Port() != 0 {
+		if !self.Addr().Unmap().Is4() && !self.Addr().IsUnspecified() {
+			return fmt.Errorf("set heartbeat peers: own address %s is not IPv4", self)
+		}
+		if a := self.Addr().Unmap(); a.Is4() && !a.IsUnspecified() {
+			conf.Addr = wire4(a)
+		}
+		conf.Port = wirePort(self.Port())
+	}
+	want := map[shoalHbPeer]bool{}
+	for _, p := range peers {
+		a := p.Addr().Unmap()
+		if !a.Is4() {
+			return fmt.Errorf("set heartbeat peers: peer %s is not IPv4", p)
+		}
+		want[shoalHbPeer{Addr: wire4(a), Port: wirePort(p.Port())}] = true
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	// New peers first, then the check, then stale peers out: a peer in
+	// both the old and new sets is never refused.
+	for k := range want {
+		if !x.hbPeers[k] {
+			if err := x.objs.HbPeers.Update(k, uint8(1), ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("set heartbeat peers: %w", err)
+			}
+			x.hbPeers[k] = true
+		}
+	}
+	if err := x.objs.HbConf.Update(uint32(0), &conf, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("set heartbeat port: %w", err)
+	}
+	for k := range x.hbPeers {
+		if !want[k] {
+			if err := x.objs.HbPeers.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("set heartbeat peers: %w", err)
+			}
+			delete(x.hbPeers, k)
+		}
+	}
+	return nil
+}
+
+// HeartbeatDrops returns how many packets to this node's heartbeat socket
+// the program dropped because they came from no registered peer.
+func (x *XDP) HeartbeatDrops() (uint64, error) {
+	var per []uint64
+	if err := x.objs.HbDrops.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("read xdp heartbeat drops: %w", err)
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n, nil
+}
+
+// wire4 returns an IPv4 address as the program compares it: its bytes in
+// packet order read as a native-endian word.
+func wire4(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// wirePort returns a port in network byte order, read as a native word.
+func wirePort(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
 }

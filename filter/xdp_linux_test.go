@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/go-cmp/cmp"
@@ -94,9 +95,12 @@ func TestDifferential(t *testing.T) {
 	out := make([]byte, 2048)
 	verdicts := map[Verdict]int{}
 	reasons := map[DropReason]int{}
-	failures := 0
+	failures, fragHits := 0, 0
 	for set := 0; set < tableSets; set++ {
-		g := &gen{rng: rng, conn: conn, listener: listener, vips: []netip.Addr{vip0}}
+		g := &gen{rng: rng, conn: conn, listener: listener, vips: []netip.Addr{vip0}, idBase: uint16(set) << 12}
+		if set >= 16 {
+			t.Fatal("IP ids of the sets would collide")
+		}
 		if rng.IntN(2) == 0 {
 			// A VIP sharing vip0's last octet: the program's VIP
 			// directory groups VIPs by it.
@@ -109,17 +113,45 @@ func TestDifferential(t *testing.T) {
 		if err := x.Update(tb, nodeMAC); err != nil {
 			t.Fatalf("Update: %v", err)
 		}
+		expired := set%3 == 2
+		lease := time.Hour
+		if expired {
+			lease = -time.Second
+		}
+		if err := x.RenewLease(lease); err != nil {
+			t.Fatal(err)
+		}
+		switch set % 3 {
+		case 0:
+			g.hbSelf = netip.MustParseAddrPort("198.18.5.5:7946")
+		case 1:
+			g.hbSelf = netip.MustParseAddrPort("0.0.0.0:7946")
+		}
+		g.hbPeers = []netip.AddrPort{netip.MustParseAddrPort("198.18.5.6:7946"), netip.MustParseAddrPort("198.18.5.7:7000")}
+		if err := x.SetHeartbeatPeers(g.hbSelf, g.hbPeers); err != nil {
+			t.Fatal(err)
+		}
+		hbBefore, err := x.HeartbeatDrops()
+		if err != nil {
+			t.Fatal(err)
+		}
 		before, err := x.Counters()
 		if err != nil {
 			t.Fatalf("Counters: %v", err)
 		}
 		ref := NewClassifier(tb, nodeMAC, held)
+		ref.SetLeaseExpired(expired)
+		ref.SetHeartbeatPeers(g.hbSelf, g.hbPeers)
 		want := Counters{}
+		wantHB := uint64(0)
 		for i := 0; i < framesPerSet; i++ {
 			frame := g.frame()
 			refFrame := append([]byte(nil), frame...)
 			res := ref.Classify(refFrame)
 			want.Count(res)
+			if res.Reason == DropNotPeer {
+				wantHB++
+			}
 			verdicts[res.Verdict]++
 			reasons[res.Reason]++
 			opts := ebpf.RunOptions{Data: frame, DataOut: out}
@@ -143,10 +175,21 @@ func TestDifferential(t *testing.T) {
 		if diff := cmp.Diff(noZero(want), sub(after, before)); diff != "" {
 			t.Errorf("set %d counters (-want +got):\n%s", set, diff)
 		}
+		hbAfter, err := x.HeartbeatDrops()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hbAfter-hbBefore != wantHB {
+			t.Errorf("set %d: %d heartbeats from strangers dropped, reference %d", set, hbAfter-hbBefore, wantHB)
+		}
+		fragHits += g.fragHits
 	}
 	t.Logf("verdicts %v, reasons %v, real connection found %d times", verdicts, reasons, held.found)
 	// The generator must reach every path the comparison is meant to cover.
-	for _, r := range []DropReason{NoReason, DropNotOwned, DropDirtyNoConn, DropDrainNoConn, DropDisabled, DropMalformed} {
+	if fragHits < 200 {
+		t.Errorf("only %d later fragments of a datagram whose first fragment was seen", fragHits)
+	}
+	for _, r := range []DropReason{NoReason, DropNotOwned, DropDirtyNoConn, DropDrainNoConn, DropDisabled, DropMalformed, DropNotPeer} {
 		if reasons[r] < 50 {
 			t.Errorf("only %d frames with reason %v: the generator misses a path", reasons[r], r)
 		}

@@ -59,6 +59,10 @@ func (c *PutVIP) apply(s *State) (Result, error) {
 	}
 	i, ok := slices.BinarySearchFunc(s.VIPs, c.VIP, netip.Addr.Compare)
 	if !ok {
+		if len(s.VIPs) >= filter.MaxVIPs {
+			return Result{}, fmt.Errorf("%w: vip %s: the cluster has %d VIPs, the data plane's limit (filter.MaxVIPs); remove one first: %w",
+				ErrInvalid, c.VIP, len(s.VIPs), filter.ErrCapacity)
+		}
 		s.VIPs = slices.Insert(s.VIPs, i, c.VIP)
 	}
 	return Result{}, nil
@@ -98,6 +102,10 @@ func describeRule(r *filter.Rule) string {
 func (c *PutRule) apply(s *State) (Result, error) {
 	r := c.Rule
 	if r.ID == 0 {
+		if len(s.Rules) >= filter.MaxRules {
+			return Result{}, fmt.Errorf("%w: rule %s: the cluster has %d port rules, the data plane's limit (filter.MaxRules); remove one or widen an existing one: %w",
+				ErrInvalid, describeRule(&r), len(s.Rules), filter.ErrCapacity)
+		}
 		r.ID = s.LastRuleID + 1
 		if r.ID == 0 {
 			return Result{}, fmt.Errorf("%w: rule ids are exhausted", ErrInvalid)

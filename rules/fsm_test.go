@@ -173,6 +173,40 @@ func TestFSMCommands(t *testing.T) {
 	}
 }
 
+// TestCapacity fills the cluster to the data plane's capacities: the next
+// VIP and the next rule are refused with an error naming the limit, and
+// replacing an existing rule still works.
+func TestCapacity(t *testing.T) {
+	tf := seeded(t) // 2 VIPs, 2 rules
+	for i := 2; i < filter.MaxVIPs; i++ {
+		tf.mustApply(&PutVIP{VIP: netip.AddrFrom4([4]byte{198, 18, 2, byte(i)})})
+	}
+	for i := 2; i < filter.MaxRules; i++ {
+		tf.mustApply(&PutRule{Rule: filter.Rule{VIP: vip2, PortLo: uint16(10000 + i), PortHi: uint16(10000 + i), Proto: filter.ProtoTCP}})
+	}
+	st := tf.f.current()
+	if len(st.VIPs) != filter.MaxVIPs || len(st.Rules) != filter.MaxRules {
+		t.Fatalf("%d VIPs, %d rules; want %d, %d", len(st.VIPs), len(st.Rules), filter.MaxVIPs, filter.MaxRules)
+	}
+	for _, tt := range []struct {
+		name string
+		cmd  Command
+		want string
+	}{
+		{"65th vip", &PutVIP{VIP: netip.MustParseAddr("198.18.3.1")}, "filter.MaxVIPs"},
+		{"257th rule", &PutRule{Rule: filter.Rule{VIP: vip2, PortLo: 9, PortHi: 9, Proto: filter.ProtoUDP}}, "filter.MaxRules"},
+	} {
+		if err := tf.f.current().Check(tt.cmd); !errors.Is(err, filter.ErrCapacity) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Check = %v, want ErrCapacity naming %s", tt.name, err, tt.want)
+		}
+		if _, err := tf.apply(tt.cmd); !errors.Is(err, ErrInvalid) || !errors.Is(err, filter.ErrCapacity) {
+			t.Errorf("%s: apply = %v, want ErrInvalid and ErrCapacity", tt.name, err)
+		}
+	}
+	tf.mustApply(&PutVIP{VIP: vip1}) // an existing VIP: no-op
+	tf.mustApply(&PutRule{Rule: filter.Rule{ID: 1, VIP: vip1, PortLo: 81, PortHi: 81, Proto: filter.ProtoTCP}})
+}
+
 func TestFSMErrors(t *testing.T) {
 	tests := []struct {
 		name    string

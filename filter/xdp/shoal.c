@@ -14,10 +14,12 @@
 #include <bpf/bpf_endian.h>
 
 // Capacities; filter/xdp_linux.go has the same numbers.
-#define MAX_VIPS 16
-#define MAX_SLOTS 128 // rule slots: 0 is DefaultRule, 1..127 port rules
+#define MAX_VIPS 64    // a power of two: VIP indexes are masked with it
+#define MAX_SLOTS 257  // rule slots: 0 is DefaultRule, 1..256 port rules
 #define NUM_BUCKETS 4096
 #define NUM_PORTS 65536
+#define FRAG_ENTRIES 16384 // datagrams whose first fragment's verdict is remembered
+#define MAX_HB_PEERS 1024
 
 // Bucket states (filter.BucketState).
 #define ST_NOT_OWNED 0
@@ -42,6 +44,8 @@
 #define ETH_P_8021Q_ 0x8100
 #define ETH_P_IP_ 0x0800
 #define BPF_TCP_LISTEN_ 10
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
 
 #define VIP_DIR 256
 
@@ -65,7 +69,7 @@ struct rule_info {
 };
 
 struct port_table {
-	__u8 slot[NUM_PORTS]; // destination port -> rule slot
+	__u16 slot[NUM_PORTS]; // destination port -> rule slot
 };
 
 struct bucket_table {
@@ -134,6 +138,77 @@ struct {
 	__type(value, struct counters);
 } counters SEC(".maps");
 
+// lease[0]: the data-plane lease, a bpf_ktime_get_ns (CLOCK_MONOTONIC)
+// deadline the agent pushes forward every heartbeat period; 0 means no
+// lease. Once it passes, owned and owned-dirty buckets count as draining:
+// a stalled agent takes no new connections but keeps its own.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lease SEC(".maps");
+
+// A datagram's first fragment is judged by its ports like any packet; its
+// verdict is remembered here for the other fragments, which carry no
+// ports. Every node sees the same fragments, so the decisions agree.
+struct frag_key {
+	__be32 src, dst;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct frag_verdict {
+	__u16 slot;
+	__u8 accept;
+	__u8 reason;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FRAG_ENTRIES);
+	__type(key, struct frag_key);
+	__type(value, struct frag_verdict);
+} frags SEC(".maps");
+
+// Heartbeats: UDP to hb_conf's address and port (this node's heartbeat
+// socket) passes only from an address and port in hb_peers, the registered
+// peers' heartbeat sockets; the rest is dropped and counted in hb_drops.
+// Port 0 turns the check off.
+struct hb_conf {
+	__be32 addr; // 0: any local address
+	__be16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hb_conf);
+} hb_conf SEC(".maps");
+
+struct hb_peer {
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_HB_PEERS);
+	__type(key, struct hb_peer);
+	__type(value, __u8);
+} hb_peers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} hb_drops SEC(".maps");
+
 // The loader updates barrier[0] after a flip: the kernel waits for every
 // running BPF program when a map-in-map element changes, so once that
 // returns no packet is still being judged by the old version, and the
@@ -190,6 +265,7 @@ struct flow {
 	__u32 a, b;     // key words
 	__u8 tcp;       // TCP with a known 4-tuple (or an ICMP error about one)
 	__u8 syn;
+	__u8 cookie;    // a TCP ACK (no SYN, no RST) that may complete a SYN-cookie handshake
 	__be32 client_ip, vip_ip;
 	__be16 client_port, vip_port;
 };
@@ -232,8 +308,12 @@ static __always_inline void flow_key(struct flow *f, __u8 aff, __u32 ip, __u16 p
 	}
 }
 
-// holds_conn asks the socket table whether this node holds a connection.
-static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f)
+// holds_conn asks the socket table whether this node holds a connection:
+// a socket that is not a listener, or, for an ACK that finds only the
+// listener, a valid SYN cookie (the kernel answered the SYN with a cookie
+// under SYN-flood pressure and keeps no request socket). iph and th are the
+// packet's IPv4 and TCP headers, 20 bytes each within the packet.
+static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f, void *iph, void *th)
 {
 	struct bpf_sock_tuple t = {};
 	t.ipv4.saddr = f->client_ip;
@@ -244,6 +324,8 @@ static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f)
 	if (!sk)
 		return 0;
 	int held = sk->state != BPF_TCP_LISTEN_;
+	if (!held && f->cookie && th)
+		held = bpf_tcp_check_syncookie(sk, iph, 20, th, 20) == 0;
 	bpf_sk_release(sk);
 	return held;
 }
@@ -268,6 +350,44 @@ static __always_inline int vip_index(__u32 version, __u32 addr, __u32 *idx)
 
 #define PROTO_TCP_IDX 0
 #define PROTO_UDP_IDX 1
+
+static __always_inline int lease_expired(void)
+{
+	__u32 zero = 0;
+	__u64 *d = bpf_map_lookup_elem(&lease, &zero);
+	return d && *d && bpf_ktime_get_ns() > *d;
+}
+
+// heartbeat_ok judges IPv4 traffic that is not for a VIP: UDP to this
+// node's heartbeat socket must come from a registered peer's.
+static __always_inline int heartbeat_ok(__u8 *ip, void *data_end)
+{
+	if (ip[9] != IPPROTO_UDP)
+		return 1;
+	__u32 zero = 0;
+	struct hb_conf *hc = bpf_map_lookup_elem(&hb_conf, &zero);
+	if (!hc || !hc->port)
+		return 1;
+	if (hc->addr && hc->addr != *(__u32 *)(ip + 16))
+		return 1;
+	if (bpf_ntohs(*(__u16 *)(ip + 6)) & IP_OFFSET)
+		return 1; // a later fragment: no ports
+	__u32 ihl = (ip[0] & 0x0f) * 4;
+	if (ihl < 20 || ihl > 60)
+		return 1;
+	__u8 *udp = ip + ihl;
+	if (udp + 8 > (__u8 *)data_end)
+		return 1;
+	if (*(__u16 *)(udp + 2) != hc->port)
+		return 1;
+	struct hb_peer k = {.addr = *(__u32 *)(ip + 12), .port = *(__u16 *)udp};
+	if (bpf_map_lookup_elem(&hb_peers, &k))
+		return 1;
+	__u64 *n = bpf_map_lookup_elem(&hb_drops, &zero);
+	if (n)
+		(*n)++;
+	return 0;
+}
 
 SEC("xdp")
 int shoal_xdp(struct xdp_md *ctx)
@@ -299,7 +419,7 @@ int shoal_xdp(struct xdp_md *ctx)
 
 	__u32 vidx;
 	if (!vip_index(version, *(__u32 *)(ip + 16), &vidx))
-		return XDP_PASS;
+		return heartbeat_ok(ip, data_end) ? XDP_PASS : XDP_DROP;
 
 	// From here on the packet is VIP traffic: counted, accepted or dropped.
 	__u32 avail = (__u32)((long)data_end - (long)ip);
@@ -315,9 +435,33 @@ int shoal_xdp(struct xdp_md *ctx)
 	__u8 *l4 = ip + ihl;
 	struct rule_info *ri;
 	__u32 rkey;
+	__u8 *th = 0; // the TCP header, for the SYN-cookie check
+	__u16 fragoff = bpf_ntohs(*(__u16 *)(ip + 6));
+	int first_frag = (fragoff & (IP_MF | IP_OFFSET)) == IP_MF;
+	struct frag_key fk = {};
+	if (fragoff & (IP_MF | IP_OFFSET)) {
+		fk.src = *(__u32 *)(ip + 12);
+		fk.dst = *(__u32 *)(ip + 16);
+		fk.id = *(__u16 *)(ip + 4);
+		fk.proto = proto;
+	}
 
-	if (bpf_ntohs(*(__u16 *)(ip + 6)) & 0x3fff) {
-		// A fragment: rule for port 0, key (client IP, 0).
+	if (fragoff & IP_OFFSET) {
+		// A later fragment follows its datagram's first fragment.
+		struct frag_verdict *fv = bpf_map_lookup_elem(&frags, &fk);
+		if (fv) {
+			__u32 fslot = fv->slot;
+			if (!fv->accept)
+				return drop(fslot, fv->reason);
+			struct settings *fs = bpf_map_lookup_elem(&settings, &version);
+			if (!fs)
+				return XDP_PASS;
+			__builtin_memcpy(eth->h_dest, fs->mac, 6);
+			count(fslot, C_ACCEPTED);
+			return XDP_PASS;
+		}
+		// Its first fragment was not seen (or forgotten): rule for
+		// port 0, key (client IP, 0), as every node judges it alike.
 		if (proto == IPPROTO_TCP)
 			f.slot = port_slot(version, vidx, PROTO_TCP_IDX, 0);
 		else if (proto == IPPROTO_UDP)
@@ -344,12 +488,14 @@ int shoal_xdp(struct xdp_md *ctx)
 		__u16 sport = bpf_ntohs(*(__u16 *)l4);
 		__u16 dport = bpf_ntohs(*(__u16 *)(l4 + 2));
 		f.slot = port_slot(version, vidx, proto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, dport);
-		rkey = version * MAX_SLOTS + (f.slot & (MAX_SLOTS - 1));
+		rkey = version * MAX_SLOTS + f.slot;
 		ri = bpf_map_lookup_elem(&rules, &rkey);
 		flow_key(&f, ri ? ri->affinity : AFF_SINGLE, src, sport);
 		if (proto == IPPROTO_TCP) {
 			f.tcp = 1;
 			f.syn = (l4[13] & 0x12) == 0x02;
+			f.cookie = (l4[13] & 0x16) == 0x10; // ACK without SYN or RST
+			th = l4;
 			f.client_ip = *(__u32 *)(ip + 12);
 			f.vip_ip = *(__u32 *)(ip + 16);
 			f.client_port = *(__u16 *)l4;
@@ -400,7 +546,7 @@ int shoal_xdp(struct xdp_md *ctx)
 			__u16 vport = bpf_ntohs(*(__u16 *)ep);
 			__u16 cport = bpf_ntohs(*(__u16 *)(ep + 2));
 			f.slot = port_slot(version, evidx, pidx, vport);
-			rkey = version * MAX_SLOTS + (f.slot & (MAX_SLOTS - 1));
+			rkey = version * MAX_SLOTS + f.slot;
 			ri = bpf_map_lookup_elem(&rules, &rkey);
 			flow_key(&f, ri ? ri->affinity : AFF_SINGLE, client, cport);
 			if (eproto == IPPROTO_TCP) {
@@ -417,36 +563,50 @@ int shoal_xdp(struct xdp_md *ctx)
 	f.a = src;
 
 judge:;
-	__u32 slot = f.slot & (MAX_SLOTS - 1);
+	__u32 slot = f.slot;
+	if (slot >= MAX_SLOTS)
+		slot = 0;
 	struct settings *s = bpf_map_lookup_elem(&settings, &version);
 	if (!s)
 		return XDP_PASS;
 	__u32 bucket = shoal_hash(s->seed, f.a, f.b) & (NUM_BUCKETS - 1);
 
+	__u32 reason = 0;
 	rkey = version * MAX_SLOTS + slot;
 	ri = bpf_map_lookup_elem(&rules, &rkey);
-	if (ri && ri->disabled)
-		return drop(slot, R_DISABLED);
+	if (ri && ri->disabled) {
+		reason = R_DISABLED;
+		goto verdict;
+	}
 	struct bucket_table *bt = bpf_map_lookup_elem(&buckets, &rkey);
 	__u8 st = bt ? bt->state[bucket] : ST_NOT_OWNED;
+	if ((st == ST_OWNED || st == ST_OWNED_DIRTY) && lease_expired())
+		st = ST_DRAINING;
 
 	switch (st) {
 	case ST_OWNED:
 		break;
 	case ST_OWNED_DIRTY:
-		if (f.tcp && !f.syn && !holds_conn(ctx, &f))
-			return drop(slot, R_DIRTY_NO_CONN);
+		if (f.tcp && !f.syn && !holds_conn(ctx, &f, ip, th))
+			reason = R_DIRTY_NO_CONN;
 		break;
 	case ST_DRAINING:
 		// A SYN opens a new connection, never this node's here, even if it
 		// finds the TIME_WAIT socket of an old one on the same ports.
-		if (!f.tcp || f.syn || !holds_conn(ctx, &f))
-			return drop(slot, R_DRAIN_NO_CONN);
+		if (!f.tcp || f.syn || !holds_conn(ctx, &f, ip, th))
+			reason = R_DRAIN_NO_CONN;
 		break;
 	default:
-		return drop(slot, R_NOT_OWNED);
+		reason = R_NOT_OWNED;
 	}
 
+verdict:
+	if (first_frag) {
+		struct frag_verdict fv = {.slot = slot, .accept = !reason, .reason = reason};
+		bpf_map_update_elem(&frags, &fk, &fv, BPF_ANY);
+	}
+	if (reason)
+		return drop(slot, reason);
 	// Accept: make the frame this host's, then let the stack have it.
 	__builtin_memcpy(eth->h_dest, s->mac, 6);
 	count(slot, C_ACCEPTED);
