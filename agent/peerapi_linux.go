@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/shoalnet/shoal/rules"
@@ -21,10 +20,7 @@ const MaxPlugPull = 30 * time.Second
 type security struct {
 	certs    *rules.Certs
 	refusals *rules.Refusals
-
-	mu      sync.Mutex // guards restore and gen
-	restore *time.Timer
-	gen     uint64 // bumped by every plug change, so a stale timer does nothing
+	restorer plugRestorer
 }
 
 // tlsOptions is how the config says to get certificates: files of an
@@ -101,33 +97,12 @@ func (a *Agent) peerHandler() http.Handler {
 // plug pulls or restores the virtual plug. A pull restores itself after
 // r.RestoreAfter, at most MaxPlugPull (also its default).
 func (a *Agent) plug(ctx context.Context, r PlugRequest) error {
-	after := MaxPlugPull
-	if r.RestoreAfter > 0 && r.RestoreAfter < after {
-		after = r.RestoreAfter
-	}
-	s := a.sec
-	s.mu.Lock()
-	s.gen++
-	gen := s.gen
-	if s.restore != nil {
-		s.restore.Stop()
-		s.restore = nil
-	}
-	if r.Pulled {
-		s.restore = time.AfterFunc(after, func() {
-			s.mu.Lock()
-			stale := s.gen != gen
-			s.mu.Unlock()
-			if stale {
-				return
-			}
-			a.log.Warn("virtual plug restores itself", "after", after)
-			if err := a.setPlug(context.Background(), PlugRequest{Pulled: false}); err != nil {
-				a.log.Error("restore the virtual plug", "err", err)
-			}
-		})
-	}
-	s.mu.Unlock()
+	a.sec.restorer.arm(r, func(after time.Duration) {
+		a.log.Warn("virtual plug restores itself", "after", after)
+		if err := a.setPlug(context.Background(), PlugRequest{Pulled: false}); err != nil {
+			a.log.Error("restore the virtual plug", "err", err)
+		}
+	})
 	return a.setPlug(ctx, r)
 }
 
