@@ -1,0 +1,469 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"github.com/google/gopacket/pcapgo"
+
+	"github.com/shoalnet/shoal/rules"
+)
+
+// TestSecurityCaptureReplayFlood runs a 3-node lab and, from the switch
+// and the client as someone on the LAN would:
+//   - captures every frame of a forwarded write (peer API) and its Raft
+//     replication: no cleartext HTTP or Raft, every stream is TLS;
+//   - replays each captured client stream to its server, from the client
+//     and from a member's own address: no rule, index or view changes;
+//   - floods the Raft, peer and metrics ports with junk and idle
+//     connections: no view change, every agent's memory stays bounded, and
+//     the refusals are counted.
+func TestSecurityCaptureReplayFlood(t *testing.T) {
+	needRoot(t)
+	if testing.Short() {
+		t.Skip("builds shoal and a 3-node lab; skipped with -short")
+	}
+	bin := buildShoal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l, err := Up(ctx, Options{Nodes: 3, Binary: bin, Base: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+
+	// Capture on every node's switch port while node3 adds a rule: the
+	// write goes to the leader over the peer API and out over Raft.
+	capt := startCapture(t, l)
+	if err := l.ctl.AddRule(ctx, l.Nodes[2].Socket, l.VIP.String(), 8080); err != nil {
+		t.Fatalf("add a rule through node3: %v", err)
+	}
+	settled(ctx, t, l)
+	// The attack of issue 12: a drill's plug request, captured. It is sent
+	// on a fresh connection, so the capture holds the whole handshake, and
+	// asks for 25 s: a replay that worked would show.
+	node3Peer := netip.AddrPortFrom(l.Nodes[2].Addr, PeerPort).String()
+	plug(t, l, node3Peer, true, 25*time.Second)
+	plug(t, l, node3Peer, false, 0)
+	before := settled(ctx, t, l)
+	flows := capt.stop()
+
+	var raftFlows, peerFlows int
+	for k, f := range flows {
+		switch k.dport {
+		case RaftPort:
+			raftFlows++
+		case PeerPort:
+			peerFlows++
+		default:
+			continue
+		}
+		if capt.syn[k] && len(f) > 1 && (f[0] != 0x16 || f[1] != 0x03) {
+			t.Errorf("%v: the client's first bytes %x are not a TLS handshake record", k, f[:min(len(f), 8)])
+		}
+	}
+	for k, f := range flows {
+		if k.sport != RaftPort && k.sport != PeerPort && k.dport != RaftPort && k.dport != PeerPort {
+			continue
+		}
+		for _, marker := range []string{"HTTP/1.1", "POST ", "/v1/", "application/json", "RaftAddr", "Entries", "LeaderCommitIndex", "ClusterID"} {
+			if bytes.Contains(f, []byte(marker)) {
+				t.Errorf("%v carries %q in cleartext", k, marker)
+			}
+		}
+	}
+	t.Logf("captured %d streams: %d to raft ports, %d to peer ports", len(flows), raftFlows, peerFlows)
+	if raftFlows == 0 || peerFlows == 0 {
+		t.Fatalf("captured %d raft and %d peer client streams; want both (the capture saw nothing?)", raftFlows, peerFlows)
+	}
+
+	// Replay every captured client stream, from the client and from node2
+	// (a member's registered address), watching the views meanwhile.
+	fresh := 0
+	for k := range flows {
+		if capt.syn[k] && (k.dport == RaftPort || k.dport == PeerPort) {
+			fresh++
+		}
+	}
+	if fresh == 0 {
+		t.Fatal("captured no connection from its start")
+	}
+	stopWatch, _ := watch(ctx, t, l, before)
+	for _, from := range []Host{l.Client, l.Nodes[1]} {
+		for k, f := range flows {
+			if k.dport != RaftPort && k.dport != PeerPort {
+				continue
+			}
+			if err := replay(nsDialer(t, from.Namespace), k.dst, f); err != nil {
+				t.Fatalf("replay %v from %s: %v", k, from.Name, err)
+			}
+		}
+	}
+	time.Sleep(time.Second) // a replayed pull would take the node out within a second
+	if n := stopWatch(); n != 0 {
+		t.Errorf("%d status samples during the replay differed from before it", n)
+	}
+	after := settled(ctx, t, l)
+	if diff := diffStatus(before, after); diff != "" {
+		t.Errorf("replaying captured streams changed the cluster: %s", diff)
+	}
+
+	// Flood every TCP listener from the client for a bounded time while
+	// watching the views.
+	rss0 := agentRSS(t, l)
+	stopWatch, _ = watch(ctx, t, l, before)
+	var targets []string
+	for _, n := range l.Nodes {
+		for _, p := range []int{RaftPort, PeerPort, MetricsPort} {
+			targets = append(targets, netip.AddrPortFrom(n.Addr, uint16(p)).String())
+		}
+	}
+	if err := flood(nsDialer(t, l.Client.Namespace), targets, 4*time.Second); err != nil {
+		t.Fatalf("flood: %v", err)
+	}
+	if n := stopWatch(); n != 0 {
+		t.Errorf("%d status samples during the flood differed from before it", n)
+	}
+	if diff := diffStatus(before, settled(ctx, t, l)); diff != "" {
+		t.Errorf("after the flood: %s", diff)
+	}
+	rss1 := agentRSS(t, l)
+	for host, kb := range rss1 {
+		if grew := kb - rss0[host]; grew > 64<<10 {
+			t.Errorf("%s: agent RSS grew by %d KiB during the flood (%d -> %d)", host, grew, rss0[host], kb)
+		}
+	}
+	t.Logf("agent RSS before/after the flood (KiB): %v / %v", rss0, rss1)
+
+	// The refusals are counted where an operator looks.
+	var metrics string
+	err = func() error {
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: nsDialer(t, l.Client.Namespace)}}
+		resp, err := c.Get(fmt.Sprintf("http://%s:%d/metrics", l.Nodes[0].Addr, MetricsPort))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		metrics = string(b)
+		return err
+	}()
+	if err != nil {
+		t.Fatalf("scrape node1: %v", err)
+	}
+	for _, want := range []string{`shoal_refused_total{listener="raft",reason="unregistered_address"}`, `shoal_refused_total{listener="peer",reason="tls_handshake"}`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("node1's metrics lack %s", want)
+		}
+	}
+}
+
+// watch samples the nodes' status every 100 ms until stop, which returns
+// how many samples differed from want.
+func watch(ctx context.Context, t *testing.T, l *Lab, want []NodeStatus) (stop func() int64, changes *atomic.Int64) {
+	changes = new(atomic.Int64)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for wctx.Err() == nil {
+			if st, err := l.Statuses(wctx, l.Nodes); err == nil {
+				if d := diffStatus(want, st); d != "" {
+					changes.Add(1)
+					t.Logf("status differs: %s", d)
+				}
+			}
+			select {
+			case <-wctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int64 { cancel(); <-done; return changes.Load() }, changes
+}
+
+// plug pulls or restores a node's plug from the client, as `shoal drill`
+// does, on a fresh connection.
+func plug(t *testing.T, l *Lab, peer string, pulled bool, restoreAfter time.Duration) {
+	t.Helper()
+	b, err := os.ReadFile(l.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := rules.NewCerts(rules.TLSOptions{Name: "drill", Keys: [][]byte{key}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"pulled":%v,"restore_after":%d}`, pulled, restoreAfter)
+	err = func() error {
+		c := rules.NewPeerClient(certs)
+		c.Transport.(*http.Transport).DialContext = nsDialer(t, l.Client.Namespace)
+		defer c.CloseIdleConnections()
+		resp, err := c.Post(rules.PeerURL(peer, "/v1/peer/plug"), "application/json", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			msg, _ := io.ReadAll(resp.Body)
+			return fmt.Errorf("%s: %s", resp.Status, msg)
+		}
+		return nil
+	}()
+	if err != nil {
+		t.Fatalf("plug pulled=%v on %s: %v", pulled, peer, err)
+	}
+}
+
+// settled waits for the lab to be converged and returns every node's
+// status.
+func settled(ctx context.Context, t *testing.T, l *Lab) []NodeStatus {
+	t.Helper()
+	var st []NodeStatus
+	err := Poll(ctx, 20*time.Second, 50*time.Millisecond, func() error {
+		var err error
+		if st, err = l.Statuses(ctx, l.Nodes); err != nil {
+			return err
+		}
+		if err := Ready(st, len(l.Nodes)); err != nil {
+			return err
+		}
+		for _, s := range st[1:] {
+			if s.RulesIndex != st[0].RulesIndex {
+				return fmt.Errorf("rules index %d on %s, %d on %s", s.RulesIndex, s.NodeName, st[0].RulesIndex, st[0].NodeName)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("lab did not settle: %v", err)
+	}
+	return st
+}
+
+// diffStatus says how the nodes' views or rules differ, "" if they do not.
+func diffStatus(a, b []NodeStatus) string {
+	var d []string
+	for i := range min(len(a), len(b)) {
+		x, y := a[i], b[i]
+		if !y.Converged {
+			d = append(d, y.NodeName+" not converged")
+		}
+		if x.RulesIndex != y.RulesIndex {
+			d = append(d, fmt.Sprintf("%s rules index %d -> %d", y.NodeName, x.RulesIndex, y.RulesIndex))
+		}
+		if !slices.Equal(x.View.Eligible, y.View.Eligible) {
+			d = append(d, fmt.Sprintf("%s view %v -> %v", y.NodeName, x.View.Eligible, y.View.Eligible))
+		}
+	}
+	return strings.Join(d, "; ")
+}
+
+// flowKey is one direction of a TCP connection.
+type flowKey struct {
+	src, dst     netip.AddrPort
+	sport, dport int
+}
+
+func (k flowKey) String() string { return k.src.String() + "->" + k.dst.String() }
+
+// capture reads frames on every node's switch port.
+type capture struct {
+	mu       sync.Mutex
+	segments map[flowKey]map[uint32][]byte // by sequence number
+	syn      map[flowKey]bool              // the capture saw the flow start
+	handles  []*pcapgo.EthernetHandle
+	wg       sync.WaitGroup
+}
+
+func startCapture(t *testing.T, l *Lab) *capture {
+	t.Helper()
+	c := &capture{segments: map[flowKey]map[uint32][]byte{}, syn: map[flowKey]bool{}}
+	for _, n := range l.Nodes {
+		var h *pcapgo.EthernetHandle
+		err := inNamespace(t, l.Switch, func() error {
+			var err error
+			h, err = pcapgo.NewEthernetHandle(n.BridgePort)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("capture on %s: %v", n.BridgePort, err)
+		}
+		c.handles = append(c.handles, h)
+		c.wg.Add(1)
+		go c.read(h)
+	}
+	t.Cleanup(func() { c.stop() })
+	return c
+}
+
+func (c *capture) read(h *pcapgo.EthernetHandle) {
+	defer c.wg.Done()
+	for {
+		data, _, err := h.ReadPacketData()
+		if err != nil {
+			return
+		}
+		p := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.NoCopy)
+		ip4, _ := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		tcp, _ := p.Layer(layers.LayerTypeTCP).(*layers.TCP)
+		if ip4 == nil || tcp == nil {
+			continue
+		}
+		src, _ := netip.AddrFromSlice(ip4.SrcIP)
+		dst, _ := netip.AddrFromSlice(ip4.DstIP)
+		k := flowKey{netip.AddrPortFrom(src, uint16(tcp.SrcPort)), netip.AddrPortFrom(dst, uint16(tcp.DstPort)), int(tcp.SrcPort), int(tcp.DstPort)}
+		if tcp.SYN {
+			c.mu.Lock()
+			c.syn[k] = true
+			c.mu.Unlock()
+		}
+		if len(tcp.Payload) == 0 {
+			continue
+		}
+		c.mu.Lock()
+		if c.segments[k] == nil {
+			c.segments[k] = map[uint32][]byte{}
+		}
+		c.segments[k][tcp.Seq] = bytes.Clone(tcp.Payload)
+		c.mu.Unlock()
+	}
+}
+
+// stop ends the capture and returns each direction's bytes in sequence
+// order (duplicates, seen on two ports, once).
+func (c *capture) stop() map[flowKey][]byte {
+	for _, h := range c.handles {
+		h.Close()
+	}
+	c.handles = nil
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[flowKey][]byte{}
+	for k, segs := range c.segments {
+		seqs := make([]uint32, 0, len(segs))
+		for s := range segs {
+			seqs = append(seqs, s)
+		}
+		slices.Sort(seqs)
+		var b []byte
+		for _, s := range seqs {
+			b = append(b, segs[s]...)
+		}
+		out[k] = b
+	}
+	return out
+}
+
+// dialFunc dials from inside a namespace.
+type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// nsDialer returns a dialer whose sockets are made inside namespace ns,
+// from whatever goroutine calls it: the socket stays in ns. Nothing of the
+// test may dial a lab address from the root namespace.
+func nsDialer(t *testing.T, ns string) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := inNamespace(t, ns, func() error {
+			var err error
+			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+}
+
+// replay sends a captured client stream to its server on a new connection
+// and reads whatever comes back until the server closes or goes quiet.
+func replay(dial dialFunc, dst netip.AddrPort, stream []byte) error {
+	c, err := dial(context.Background(), "tcp", dst.String())
+	if err != nil {
+		return nil // refused outright is fine
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	c.Write(stream)
+	io.Copy(io.Discard, c)
+	return nil
+}
+
+// flood opens connections to every target for d: half send random junk
+// and close, the rest connect and stay idle, as a slow client would.
+func flood(dial dialFunc, targets []string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	var held sync.Map
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			junk := make([]byte, 4096)
+			for j := 0; time.Now().Before(deadline); j++ {
+				c, err := dial(context.Background(), "tcp", targets[(i+j)%len(targets)])
+				if err != nil {
+					continue
+				}
+				if i%2 == 0 {
+					rand.Read(junk)
+					c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+					c.Write(junk)
+					c.Close()
+				} else if j < 40 {
+					held.Store(c, true) // idle, held to the end
+				} else {
+					c.Close()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	held.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
+	return nil
+}
+
+// agentRSS returns each agent's resident memory in KiB.
+func agentRSS(t *testing.T, l *Lab) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, p := range l.Procs {
+		if p.Role != "agent" {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
+		if err != nil {
+			t.Fatalf("agent of %s: %v", p.Host, err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+				out[p.Host], _ = strconv.Atoi(f[1])
+			}
+		}
+	}
+	return out
+}
