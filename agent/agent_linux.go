@@ -40,6 +40,8 @@ type Agent struct {
 	link  *heartbeat.Transport
 	sec   *security    // TLS identity, refusal counts, plug restore
 	hist  *viewHistory // view changes and failovers, for the status page
+	// flowOwners caches assignments for `shoal query --flow`.
+	flowOwners ownersCache
 
 	wake chan struct{} // a reconcile is due
 

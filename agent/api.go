@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 
+	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -30,6 +31,7 @@ type control interface {
 	leave(ctx context.Context) error
 	plug(ctx context.Context, req PlugRequest) error
 	simulate(client, to netip.AddrPort, proto string) (Simulation, error)
+	flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (Flow, error)
 }
 
 // maxRequestBody bounds what a client may send.
@@ -56,6 +58,19 @@ func controlHandler(c control) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, sim)
+	})
+	mux.HandleFunc("GET /v1/flow", func(w http.ResponseWriter, r *http.Request) {
+		client, to, proto, err := parseFlowQuery(r.URL.Query())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		f, err := c.flow(r.Context(), client, to, proto, r.URL.Query().Get("peers") != "0")
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, f)
 	})
 	mux.HandleFunc("POST /v1/admin", handle(c.setAdmin))
 	mux.HandleFunc("POST /v1/rules", func(w http.ResponseWriter, r *http.Request) {

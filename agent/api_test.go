@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -52,6 +53,10 @@ func (f *fakeControl) simulate(c, to netip.AddrPort, proto string) (Simulation, 
 	f.last = [2]netip.AddrPort{c, to}
 	return Simulation{Owner: "n2"}, f.err
 }
+func (f *fakeControl) flow(_ context.Context, c, to netip.AddrPort, proto filter.Protocol, peers bool) (Flow, error) {
+	f.last = fmt.Sprint(c, to, proto, peers)
+	return Flow{Owner: "n3"}, f.err
+}
 func (f *fakeControl) leave(context.Context) error                 { return f.err }
 func (f *fakeControl) plug(_ context.Context, r PlugRequest) error { f.last = r; return f.err }
 
@@ -83,6 +88,9 @@ func TestControlAPI(t *testing.T) {
 		{"wrong method", "GET", "/v1/admin", "", nil, 405, ""},
 		{"no such path", "GET", "/v2/nothing", "", nil, 404, ""},
 		{"simulate", "GET", "/v1/simulate?client=198.18.0.1:4000&to=198.18.0.100:80", "", nil, 200, `"owner":"n2"`},
+		{"flow", "GET", "/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:80/tcp", "", nil, 200, `"owner":"n3"`},
+		{"flow here only", "GET", "/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:53/udp&peers=0", "", nil, 200, `"owner":"n3"`},
+		{"flow bad target", "GET", "/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:80/sctp", "", nil, 400, "the protocol is tcp or udp"},
 		{"simulate bad", "GET", "/v1/simulate?client=x&to=198.18.0.100:80", "", nil, 400, "want client=IP:PORT"},
 	}
 	for _, tc := range tests {
@@ -108,6 +116,20 @@ func TestControlAPIPassesRequests(t *testing.T) {
 		t.Errorf("handler passed %+v, want %+v", f.last, want)
 	}
 	var _ http.Handler = h
+}
+
+func TestControlAPIFlowPassesRequests(t *testing.T) {
+	for path, want := range map[string]string{
+		"/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:80/tcp":         "198.18.0.1:4000 198.18.0.100:80 tcp true",
+		"/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:80":             "198.18.0.1:4000 198.18.0.100:80 tcp true",
+		"/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:53/udp&peers=0": "198.18.0.1:4000 198.18.0.100:53 udp false",
+	} {
+		f := &fakeControl{}
+		controlHandler(f).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", path, nil))
+		if f.last != want {
+			t.Errorf("GET %s passed %v, want %s", path, f.last, want)
+		}
+	}
 }
 
 func TestParsePorts(t *testing.T) {

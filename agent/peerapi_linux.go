@@ -88,6 +88,7 @@ func (a *Agent) peerHandler() http.Handler {
 		})
 	}
 	mux.Handle("GET /v1/peer/sample", a.store.Authorize(rules.MembersOnly, a.sampleHandler()))
+	mux.Handle("GET /v1/peer/flow", a.store.Authorize(rules.MembersOnly, a.flowPeerHandler()))
 	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.status())
 	})))

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"net/netip"
+	"net/url"
+	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
@@ -15,9 +20,23 @@ var queryCommand = &cli.Command{
 	Usage: "show the cluster: every node, its state and its share of each rule",
 	Description: "Like NLB's query: lists every registered node with its admin state, whether it\n" +
 		"is alive, healthy and eligible, and its share of each port rule in the current\n" +
-		"view, then whether the cluster has converged.",
-	Flags: []cli.Flag{jsonFlag},
+		"view, then whether the cluster has converged.\n\n" +
+		"With --flow CLIENT_IP:PORT VIP:PORT[/tcp|/udp] it explains one flow instead:\n" +
+		"the rule that covers it, its flow key, hash and bucket, the bucket's owner in\n" +
+		"the current view, each node's own state for that bucket and whether it holds\n" +
+		"this connection, and which node would take the flow if any one node failed.",
+	ArgsUsage: "[VIP:PORT[/tcp|/udp] with --flow]",
+	Flags: []cli.Flag{jsonFlag,
+		&cli.StringFlag{Name: "flow", Usage: "explain the flow from this `CLIENT_IP:PORT` to the VIP:PORT argument"},
+		&cli.BoolFlag{Name: "local", Usage: "with --flow: this node's answer only, without asking the others"},
+	},
 	Action: func(c *cli.Context) error {
+		if c.IsSet("flow") {
+			return queryFlow(c)
+		}
+		if c.NArg() > 0 {
+			return usageError("query takes no arguments without --flow")
+		}
 		q, err := client(c).Query(c.Context)
 		if err != nil {
 			return err
@@ -61,4 +80,70 @@ func yes(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// queryFlow explains one flow: shoal query --flow CLIENT:PORT VIP:PORT/tcp.
+func queryFlow(c *cli.Context) error {
+	target, err := oneArg(c, "VIP:PORT[/tcp|/udp]")
+	if err != nil {
+		return err
+	}
+	cl, err := netip.ParseAddrPort(c.String("flow"))
+	if err != nil {
+		return usageError("--flow %q: want CLIENT_IP:PORT: %v", c.String("flow"), err)
+	}
+	q := url.Values{"client": {cl.String()}, "to": {target}}
+	if c.Bool("local") {
+		q.Set("peers", "0")
+	}
+	var f agent.Flow
+	if err := client(c).Do(c.Context, "GET", "/v1/flow?"+q.Encode(), nil, &f); err != nil {
+		var se *agent.StatusError
+		if errors.As(err, &se) && se.Code == 400 {
+			return usageError("%s", se.Msg)
+		}
+		return err
+	}
+	if c.Bool("json") {
+		return printJSON(c.App.Writer, f)
+	}
+	printFlow(c.App.Writer, &f)
+	return nil
+}
+
+func printFlow(w io.Writer, f *agent.Flow) {
+	fmt.Fprintf(w, "flow      %s -> %s/%s\n", f.Client, f.To, f.Proto)
+	if f.Rule == 0 {
+		fmt.Fprintf(w, "rule      default: %s\n", f.RuleDesc)
+	} else {
+		fmt.Fprintf(w, "rule      %d: %s\n", f.Rule, f.RuleDesc)
+	}
+	fmt.Fprintf(w, "flow key  %s (affinity %s), hash %#08x, bucket %d\n", f.Key, f.Affinity, f.Hash, f.Bucket)
+	state := "converged"
+	if !f.Converged {
+		state = "not converged yet: the owner takes new connections once it is"
+	}
+	fmt.Fprintf(w, "owner     %s (view: %s; %s)\n", orNone(f.Owner), strings.Join(f.View, " "), state)
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tHOLDS THIS FLOW\tCONNECTIONS IN BUCKET")
+	for _, n := range f.Nodes {
+		if n.Error != "" {
+			fmt.Fprintf(tw, "%s\t?\t?\t?\t(%s)\n", n.Name, n.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.Name, n.State, yes(n.HoldsFlow), yes(n.BucketHeld))
+	}
+	tw.Flush()
+	if len(f.IfDown) > 0 {
+		fmt.Fprintln(w, "\nif one node failed:")
+		downs := make([]string, 0, len(f.IfDown))
+		for d := range f.IfDown {
+			downs = append(downs, d)
+		}
+		sort.Strings(downs)
+		for _, d := range downs {
+			fmt.Fprintf(w, "  %s down -> %s\n", d, orNone(f.IfDown[d]))
+		}
+	}
 }

@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// flow explains a flow from this node's rules and view; with peers, every
+// live node adds its own state for the flow's bucket.
+func (a *Agent) flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (Flow, error) {
+	a.mu.Lock()
+	fcfg, rs := a.fcfg, a.rstate
+	view, converged := nodeIDs(a.hbStatus.View.Eligible), a.hbStatus.Converged
+	a.mu.Unlock()
+	name := func(id filter.NodeID) string {
+		if n := rs.Node(id); n != nil {
+			return n.Name
+		}
+		return ""
+	}
+	f, err := explainFlow(fcfg, a.flowOwners.owners(fcfg), view, name, client, to, proto)
+	if err != nil {
+		return f, err
+	}
+	f.Converged = converged
+	here := a.flowHere(client, to, proto)
+	if !peers {
+		f.Nodes = []FlowNode{here}
+		return f, nil
+	}
+	askFlowNodes(ctx, &f, a.query(), here, flowPeerFor(rules.NewPeerClient(a.sec.certs)), flowQuery(client, to, proto))
+	return f, nil
+}
+
+// flowHere is this node's own state for a flow: its bucket's state in the
+// tables the data plane has, and, from a socket scan made for the question,
+// whether the node holds connections in that bucket and this very one.
+func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) FlowNode {
+	a.mu.Lock()
+	fn := FlowNode{Name: a.cfg.NodeName}
+	id, bucket, ok := a.fcfg.Locate(to.Addr(), proto, client.Addr(), client.Port(), to.Port())
+	if ok {
+		fn.State = filter.NotOwned.String()
+		if t := a.last.tables; t != nil && t.States[id] != nil {
+			fn.State = t.States[id][bucket].String()
+		}
+	}
+	fcfg, vips := a.fcfg, a.rstate.VIPs
+	a.mu.Unlock()
+	if !ok {
+		fn.Error = "not a flow to a VIP of this node's rules"
+		return fn
+	}
+	if proto != filter.ProtoTCP {
+		return fn
+	}
+	conns, err := scanConns(vips)
+	if err != nil {
+		fn.Error = "socket scan: " + err.Error()
+		return fn
+	}
+	for _, c := range conns {
+		if c.Client == client.Addr() && c.ClientPort == client.Port() && c.VIP == to.Addr() && c.VIPPort == to.Port() {
+			fn.HoldsFlow = true
+		}
+		if cid, cb, ok := fcfg.Locate(c.VIP, filter.ProtoTCP, c.Client, c.ClientPort, c.VIPPort); ok && cid == id && cb == bucket {
+			fn.BucketHeld = true
+		}
+	}
+	return fn
+}
+
+// flowPeerHandler answers another node's flow question with this node's state.
+func (a *Agent) flowPeerHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		client, to, proto, err := parseFlowQuery(r.URL.Query())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, a.flowHere(client, to, proto))
+	})
+}
