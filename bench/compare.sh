@@ -26,7 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 need_root
 shoal_bin
-need_pkgs wrk:wrk ab:apache2-utils haproxy:haproxy
+need_pkgs wrk:wrk ab:apache2-utils haproxy:haproxy jq:jq
 
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-10}
@@ -57,6 +57,7 @@ trap 'exit 130' INT TERM
 
 lab_up 2
 S1=${NODE_SOCK[1]}
+APID=("" "$(agent_pid node1)" "$(agent_pid node2)")
 
 # A second HTTP server per node on its own address, for HAProxy and (c).
 for i in 1 2; do
@@ -132,12 +133,17 @@ run_ab() {
 	echo "${rps:-0} ${p50:-0} ${p99:-0} $errs"
 }
 
-measure() { # round target url
-	local tool mode r
+# measure ROUND TARGET URL: every tool and mode against URL, with the CPU
+# each agent used meanwhile (% of one core; a stopped agent still runs).
+measure() {
+	local tool mode r a b t1 t2 u1 u2
 	for tool in wrk ab; do
 		for mode in new keepalive; do
+			t1=$(proc_ticks "${APID[1]}") t2=$(proc_ticks "${APID[2]}") a=$(now_s)
 			r=$(run_$tool "$3" $mode)
-			printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$tool" "$mode" "${r// /$'\t'}" | tee -a "$tsv" >&2
+			u1=$(proc_ticks "${APID[1]}") u2=$(proc_ticks "${APID[2]}") b=$(now_s)
+			printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$tool" "$mode" "${r// /$'\t'}" \
+				"$(cpu_pct "$t1" "$u1" "$a" "$b")" "$(cpu_pct "$t2" "$u2" "$a" "$b")" | tee -a "$tsv" >&2
 		done
 	done
 }
@@ -149,8 +155,9 @@ hb=$(heartbeat_settings "$S1")
 	machine
 	echo "lab $LAB_ID, VIP $VIP, backends ${NODE_ADDR[1]}:8080 ${NODE_ADDR[2]}:8080 (and VIP:80 on each), HAProxy $HAP_ADDR:80 ($(haproxy -v | head -1 | awk '{print $3}'), $HAPROXY_MODE mode, roundrobin), heartbeat $hb"
 	echo "wrk -t$THREADS -c$CONNS -d${DURATION}s --latency [-H 'Connection: close']; ab -q -r -s 5 -n $AB_N -c $CONNS [-k]"
+	echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$md"
-printf 'round\ttarget\ttool\tmode\trps\tp50_ms\tp99_ms\terrors\n' >"$tsv"
+printf 'round\ttarget\ttool\tmode\trps\tp50_ms\tp99_ms\terrors\tagent1_cpu\tagent2_cpu\n' >"$tsv"
 cat "$md" >&2
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -189,7 +196,16 @@ done
 		}
 	}' "$tsv" | sort -t'|' -k2,2n -k3,3r -k4,4
 } >>"$md"
+# Each agent's CPU while each target was measured (mean over its runs).
+{
+	echo
+	echo "| round | target | node1 agent CPU | node2 agent CPU |"
+	echo "|---|---|---|---|"
+	awk -F'\t' 'NR > 1 { k = $1 "\t" $2; n[k]++; c1[k] += $9; c2[k] += $10; if (!(k in seen)) { seen[k] = 1; order[++m] = k } }
+	END { for (i = 1; i <= m; i++) { k = order[i]; split(k, f, "\t"); printf "| %s | %s | %.1f%% | %.1f%% |\n", f[1], f[2], c1[k] / n[k], c2[k] / n[k] } }' "$tsv"
+} >>"$md"
 echo >>"$md"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$md"
 echo "raw: $(basename "$tsv")" >>"$md"
 cat "$md"
 # The bar chart, when Go is here to draw it (and a PNG with rsvg-convert).

@@ -54,17 +54,10 @@ if [ "$SOCKETS" -gt 0 ]; then
 	for i in $(seq 1 "$NODES"); do wait_for 120 grep -q ready "$work/fill$i.out"; done
 fi
 
-# agent_pid NODE: the PID the lab recorded for that node's agent.
-agent_pid() {
-	jq -r --arg h "$1" '.processes[] | select(.role == "agent" and .host == $h) | .pid' "/run/shoal-lab/$LAB_ID.json"
-}
-# ticks PID: utime + stime of a process, in clock ticks.
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 # tcp_sockets NS: TCP sockets in a namespace (every state).
 tcp_sockets() { ip netns exec "$1" ss -Htan | wc -l; }
 
 leader=$("$SHOAL" --socket "${NODE_SOCK[1]}" query --json | jq -r .leader)
-hz=$(getconf CLK_TCK)
 pid=() t0=() t1=() s0=()
 for i in $(seq 1 "$NODES"); do
 	pid[$i]=$(agent_pid "node$i")
@@ -77,11 +70,11 @@ if [ -n "${PROFILE:-}" ] && command -v perf >/dev/null; then
 		pids+=($!)
 	done
 fi
-start=$(date +%s.%N)
-for i in $(seq 1 "$NODES"); do t0[$i]=$(ticks "${pid[i]}"); done
+start=$(now_s)
+for i in $(seq 1 "$NODES"); do t0[$i]=$(proc_ticks "${pid[i]}"); done
 sleep "$WINDOW"
-for i in $(seq 1 "$NODES"); do t1[$i]=$(ticks "${pid[i]}"); done
-end=$(date +%s.%N)
+for i in $(seq 1 "$NODES"); do t1[$i]=$(proc_ticks "${pid[i]}"); done
+end=$(now_s)
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 {
@@ -95,8 +88,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 	for i in $(seq 1 "$NODES"); do
 		lead=
 		case $leader in "node$i" | "${NODE_ADDR[i]}":*) lead=yes ;; esac
-		awk -v n="node$i" -v l="$lead" -v s="${s0[i]}" -v d=$((t1[i] - t0[i])) -v hz="$hz" -v a="$start" -v b="$end" \
-			'BEGIN { printf "| %s | %s | %d | %.2f |\n", n, l, s, 100 * d / hz / (b - a) }'
+		echo "| node$i | $lead | ${s0[i]} | $(cpu_pct "${t0[i]}" "${t1[i]}" "$start" "$end") |"
 	done
 } | tee "$md"
 echo "results: $md" >&2

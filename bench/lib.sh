@@ -52,7 +52,7 @@ lab_up() {
 	shift
 	out=$("$SHOAL" lab up --nodes "$nodes" "$@" 2>/dev/null) || { echo "shoal lab up failed" >&2; return 1; }
 	LAB_ID=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \(.*\)$/\1/p' <<<"$out")
-	VIP=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \(.*\)$/\2/p' <<<"$out")
+	VIP=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \([0-9a-f.:]*\).*$/\2/p' <<<"$out")
 	CLIENT_NS=$LAB_ID-client
 	SW_NS=$LAB_ID-sw
 	PREFIX=${VIP%.*}
@@ -118,4 +118,21 @@ heartbeat_settings() {
 	local js
 	js=$("$SHOAL" --socket "$1" query --json | tr -d ' \n')
 	echo "$(sed -n 's/.*"heartbeat_period":"\([^"]*\)".*/\1/p' <<<"$js") $(sed -n 's/.*"heartbeat_tolerance":\([0-9]*\).*/\1/p' <<<"$js")"
+}
+
+# agent_pid NODE: the PID the lab (LAB_ID) recorded for that node's agent.
+agent_pid() {
+	jq -r --arg h "$1" '.processes[] | select(.role == "agent" and .host == $h) | .pid' "/run/shoal-lab/$LAB_ID.json"
+}
+
+# proc_ticks PID: the CPU a process has used (utime + stime), in clock ticks.
+proc_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# now_s: the time in seconds, with nanoseconds.
+now_s() { date +%s.%N; }
+
+# cpu_pct TICKS0 TICKS1 START END: the share of one core (%) used between two
+# readings of proc_ticks taken at START and END (now_s).
+cpu_pct() {
+	awk -v d=$(($2 - $1)) -v hz="$(getconf CLK_TCK)" -v a="$3" -v b="$4" 'BEGIN { printf "%.2f", 100 * d / hz / (b - a) }'
 }
