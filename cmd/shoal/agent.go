@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -24,8 +25,14 @@ var agentCommand = &cli.Command{
 	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "YAML config file"},
 		&cli.BoolFlag{Name: "check", Usage: "validate the configuration and exit"},
+		logFormatFlag, logLevelFlag,
 	}, settingFlags()...),
 	Action: func(c *cli.Context) error {
+		logger, err := newLogger(c.App.ErrWriter, c.String("log-format"), c.String("log-level"))
+		if err != nil {
+			return cli.Exit(err.Error(), exitUsage)
+		}
+		slog.SetDefault(logger)
 		cfg, err := agent.LoadConfig(c.String("config"))
 		if err != nil {
 			return cli.Exit(err.Error(), exitUsage)
