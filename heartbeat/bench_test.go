@@ -2,29 +2,34 @@ package heartbeat
 
 import (
 	"crypto/sha256"
+	"net/netip"
 	"testing"
 )
 
 // benchMessage is a heartbeat of a node in a 64-node cluster: a view of 64
-// nodes and a few draining buckets.
+// nodes, acks of 64 and a few draining buckets.
 func benchMessage() *Message {
 	v := View{RulesIndex: 1000, Seed: 7}
 	for i := range 64 {
 		v.Eligible = append(v.Eligible, uint32(i+1))
 	}
-	return &Message{ClusterID: 1, Node: 5, Incarnation: 1, Seq: 1, Admin: Started, Healthy: true, Settled: true,
+	msg := &Message{ClusterID: 1, Node: 5, Incarnation: 1, Seq: 1, Admin: Started, Healthy: true, Settled: true,
 		RulesIndex: 1000, View: v, Draining: Buckets{1: {3, 77, 1200}}, Counters: Counters{Accepted: 1 << 40}}
+	for _, id := range v.Eligible {
+		msg.Acks = append(msg.Acks, Ack{Node: id, Incarnation: 1, Seq: 1 << 40})
+	}
+	return msg
 }
 
 // BenchmarkEncode is the sender's cost per period: encode and HMAC once
 // (the same bytes go to every peer).
 func BenchmarkEncode(b *testing.B) {
 	msg := benchMessage()
-	wire, _ := Encode(msg, simKey)
+	wire, _ := Encode(msg, simRing)
 	b.SetBytes(int64(len(wire)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Encode(msg, simKey); err != nil {
+		if _, err := Encode(msg, simRing); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -33,11 +38,11 @@ func BenchmarkEncode(b *testing.B) {
 // BenchmarkDecode is the receiver's cost per heartbeat: check, verify the
 // HMAC, parse, and check the view digest.
 func BenchmarkDecode(b *testing.B) {
-	wire, _ := Encode(benchMessage(), simKey)
+	wire, _ := Encode(benchMessage(), simRing)
 	b.SetBytes(int64(len(wire)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Decode(wire, simKey, 1); err != nil {
+		if _, err := Decode(wire, simRing, 1); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -46,7 +51,7 @@ func BenchmarkDecode(b *testing.B) {
 // BenchmarkSHA256Baseline is a bare SHA-256 of a heartbeat's size: the
 // floor the codec is compared with.
 func BenchmarkSHA256Baseline(b *testing.B) {
-	wire, _ := Encode(benchMessage(), simKey)
+	wire, _ := Encode(benchMessage(), simRing)
 	b.SetBytes(int64(len(wire)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -61,11 +66,15 @@ func BenchmarkMachineReceive(b *testing.B) {
 	for i := range ids {
 		ids[i] = uint32(i + 1)
 	}
-	m, err := NewMachine(Config{ClusterID: 1, Self: 1, Key: simKey}, t0, toyOwned(1), toyIntersect)
+	m, err := NewMachine(Config{ClusterID: 1, Self: 1, Incarnation: 1}, t0, toyOwned(1), toyIntersect)
 	if err != nil {
 		b.Fatal(err)
 	}
-	m.SetPeers(t0, ids)
+	reg := map[uint32]netip.AddrPort{}
+	for _, id := range ids {
+		reg[id] = hAddr(id)
+	}
+	m.SetPeers(t0, reg)
 	m.SetLocal(t0, Local{Admin: Started, Healthy: true, RulesIndex: 1000, Seed: 7})
 	msgs := make([]*Message, 64)
 	for i := range msgs {
@@ -79,7 +88,7 @@ func BenchmarkMachineReceive(b *testing.B) {
 		seq++
 		msg := *msgs[i]
 		msg.Seq = seq
-		if err := m.Receive(now, &msg); err != nil {
+		if err := m.Receive(now, &msg, hAddr(msg.Node)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -7,42 +7,49 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
-// Wire format (big endian), protocol version 1:
+// Wire format (big endian), protocol version 2:
 //
-//	version u8 | flags u8 (bit 0 healthy, bit 1 settled) | admin u8 | 0 u8
-//	cluster id u32 | node id u32 | incarnation u64 | sequence u64
-//	rules index applied u64
+//	version u8 | flags u8 (bit 0 healthy, bit 1 settled, bit 2 leaving, bit 3 deaf) | admin u8 | 0 u8
+//	key id u32 | cluster id u32 | node id u32 | incarnation u64 | sequence u64
+//	rules index applied u64 | restart window ms u16
 //	view: rules index u64 | seed u32 | digest u64 | n u16 | n x node id u32
 //	draining: rules u16 | per rule: rule id u32 | form u8 |
 //	          form 0 (list): n u16 | n x bucket u16
 //	          form 1 (bitmap): 512 bytes, bit k of byte k/8 = bucket k
+//	acks: n u16 | n x (node id u32 | incarnation u64 | sequence u64 | age in periods u8)
 //	counters: accepted u64 | dropped u64 | connections u64
-//	HMAC-SHA256 of everything above under the cluster key, 32 bytes
+//	HMAC-SHA256 of everything above under the heartbeat subkey of key id, 32 bytes
 //
-// Rule ids increase strictly; bucket lists and node ids are sorted and
-// unique; the digest must match the view.
+// Rule ids and acked node ids increase strictly; bucket lists and node ids
+// are sorted and unique; the digest must match the view; the restart window
+// is at most MaxRestartWindow. Version 1 (no key id, acks, leaving or restart
+// window; HMAC under the cluster key itself) is not accepted.
 const (
 	// ProtocolVersion is the heartbeat format version this package speaks.
-	ProtocolVersion = 1
+	ProtocolVersion = 2
 	// MaxMessageSize is the largest heartbeat accepted or produced.
 	MaxMessageSize = 64 << 10
 
 	macSize     = sha256.Size
-	headerSize  = 4 + 4 + 4 + 8 + 8 + 8
-	minSize     = headerSize + 22 + 2 + 24 + macSize
+	headerSize  = 4 + 4 + 4 + 4 + 8 + 8 + 8 + 2
+	minSize     = headerSize + 22 + 2 + 2 + 24 + macSize
 	bitmapBytes = NumBuckets / 8
+	ackSize     = 4 + 8 + 8 + 1
 
 	flagHealthy = 1 << 0
 	flagSettled = 1 << 1
+	flagLeaving = 1 << 2
+	flagDeaf    = 1 << 3
 
 	formList   = 0
 	formBitmap = 1
 )
 
 // Rejections. Decode and Machine.Receive return errors that wrap one of
-// these; ReasonOf maps them to a Reason for counting.
+// these (or ErrUnknownKey); ReasonOf maps them to a Reason for counting.
 var (
 	ErrTruncated      = errors.New("heartbeat truncated")
 	ErrOversized      = errors.New("heartbeat oversized")
@@ -53,6 +60,8 @@ var (
 	ErrStale          = errors.New("heartbeat stale or replayed")
 	ErrUnknownNode    = errors.New("heartbeat from a node not in the registry")
 	ErrSelf           = errors.New("heartbeat carries this node's id")
+	ErrOldIncarnation = errors.New("heartbeat of an older incarnation of its node")
+	ErrWrongAddress   = errors.New("heartbeat not from its node's registered address")
 )
 
 // Reason is why a heartbeat was rejected, for counters.
@@ -66,15 +75,18 @@ const (
 	ReasonForeignCluster
 	ReasonBadMAC
 	ReasonMalformed
-	ReasonStale
+	ReasonStale // same incarnation, sequence number not above the last
 	ReasonUnknownNode
 	ReasonSelf
-	NumReasons // number of reasons, for arrays of counters
+	ReasonOldIncarnation // an incarnation below the highest seen of the node, ever
+	ReasonWrongAddress   // not from the node's registered address
+	ReasonUnknownKey     // key id of no key in the keyring
+	NumReasons           // number of reasons, for arrays of counters
 )
 
-var reasonErrs = [NumReasons]error{ErrTruncated, ErrOversized, ErrBadVersion, ErrForeignCluster, ErrBadMAC, ErrMalformed, ErrStale, ErrUnknownNode, ErrSelf}
+var reasonErrs = [NumReasons]error{ErrTruncated, ErrOversized, ErrBadVersion, ErrForeignCluster, ErrBadMAC, ErrMalformed, ErrStale, ErrUnknownNode, ErrSelf, ErrOldIncarnation, ErrWrongAddress, ErrUnknownKey}
 
-var reasonNames = [NumReasons]string{"truncated", "oversized", "bad_version", "foreign_cluster", "bad_mac", "malformed", "stale", "unknown_node", "self"}
+var reasonNames = [NumReasons]string{"truncated", "oversized", "bad_version", "foreign_cluster", "bad_mac", "malformed", "stale", "unknown_node", "self", "old_incarnation", "wrong_address", "unknown_key"}
 
 // String returns the reason's name, usable as a metric label.
 func (r Reason) String() string {
@@ -95,23 +107,34 @@ func ReasonOf(err error) Reason {
 	return ReasonMalformed
 }
 
-// Encode returns msg in wire form, authenticated with key. It fails only when
-// msg cannot be represented: too many eligible nodes or draining rules, an
-// invalid bucket list, or a message over MaxMessageSize.
-func Encode(msg *Message, key []byte) ([]byte, error) {
-	return AppendEncode(make([]byte, 0, encodedSize(msg)), msg, key)
+// Encode returns msg in wire form, signed with the keyring's primary key
+// (msg.KeyID is ignored). It fails only when msg cannot be represented: too
+// many eligible nodes, draining rules or acks, an invalid bucket or ack list,
+// a restart window out of range, or a message over MaxMessageSize.
+func Encode(msg *Message, kr *Keyring) ([]byte, error) {
+	return AppendEncode(make([]byte, 0, encodedSize(msg)), msg, kr)
 }
 
 // AppendEncode is Encode appending to dst.
-func AppendEncode(dst []byte, msg *Message, key []byte) ([]byte, error) {
-	if len(msg.View.Eligible) > 0xffff || len(msg.Draining) > 0xffff {
-		return nil, fmt.Errorf("encode heartbeat: %w: too many nodes or rules", ErrOversized)
+func AppendEncode(dst []byte, msg *Message, kr *Keyring) ([]byte, error) {
+	if len(msg.View.Eligible) > 0xffff || len(msg.Draining) > 0xffff || len(msg.Acks) > 0xffff {
+		return nil, fmt.Errorf("encode heartbeat: %w: too many nodes, rules or acks", ErrOversized)
 	}
 	if !msg.Draining.valid() {
 		return nil, fmt.Errorf("encode heartbeat: draining buckets must be sorted, unique and below %d", NumBuckets)
 	}
+	if !acksValid(msg.Acks) {
+		return nil, errors.New("encode heartbeat: acks must be sorted by node, unique and not node 0")
+	}
+	if msg.RestartWindow < 0 || msg.RestartWindow > MaxRestartWindow {
+		return nil, fmt.Errorf("encode heartbeat: restart window %v is not within 0-%v", msg.RestartWindow, MaxRestartWindow)
+	}
 	if n := encodedSize(msg); n > MaxMessageSize {
 		return nil, fmt.Errorf("encode heartbeat: %w: %d bytes, the limit is %d", ErrOversized, n, MaxMessageSize)
+	}
+	key := kr.subkey(kr.Primary())
+	if key == nil {
+		return nil, errors.New("encode heartbeat: the keyring is empty")
 	}
 	start := len(dst)
 	var flags byte
@@ -121,12 +144,20 @@ func AppendEncode(dst []byte, msg *Message, key []byte) ([]byte, error) {
 	if msg.Settled {
 		flags |= flagSettled
 	}
+	if msg.Leaving {
+		flags |= flagLeaving
+	}
+	if msg.Deaf {
+		flags |= flagDeaf
+	}
 	b := append(dst, ProtocolVersion, flags, byte(msg.Admin), 0)
+	b = binary.BigEndian.AppendUint32(b, kr.Primary())
 	b = binary.BigEndian.AppendUint32(b, msg.ClusterID)
 	b = binary.BigEndian.AppendUint32(b, msg.Node)
 	b = binary.BigEndian.AppendUint64(b, msg.Incarnation)
 	b = binary.BigEndian.AppendUint64(b, msg.Seq)
 	b = binary.BigEndian.AppendUint64(b, msg.RulesIndex)
+	b = binary.BigEndian.AppendUint16(b, uint16(msg.RestartWindow/time.Millisecond))
 	v := &msg.View
 	b = binary.BigEndian.AppendUint64(b, v.RulesIndex)
 	b = binary.BigEndian.AppendUint32(b, v.Seed)
@@ -155,12 +186,28 @@ func AppendEncode(dst []byte, msg *Message, key []byte) ([]byte, error) {
 		}
 		b = append(b, bm[:]...)
 	}
+	b = binary.BigEndian.AppendUint16(b, uint16(len(msg.Acks)))
+	for _, a := range msg.Acks {
+		b = binary.BigEndian.AppendUint32(b, a.Node)
+		b = binary.BigEndian.AppendUint64(b, a.Incarnation)
+		b = binary.BigEndian.AppendUint64(b, a.Seq)
+		b = append(b, a.Age)
+	}
 	b = binary.BigEndian.AppendUint64(b, msg.Counters.Accepted)
 	b = binary.BigEndian.AppendUint64(b, msg.Counters.Dropped)
 	b = binary.BigEndian.AppendUint64(b, msg.Counters.Connections)
 	mac := hmac.New(sha256.New, key)
 	mac.Write(b[start:])
 	return mac.Sum(b), nil
+}
+
+func acksValid(acks []Ack) bool {
+	for i, a := range acks {
+		if a.Node == 0 || (i > 0 && acks[i-1].Node >= a.Node) {
+			return false
+		}
+	}
+	return true
 }
 
 // drainingRules returns the rules with buckets, sorted.
@@ -178,7 +225,7 @@ func drainingRules(d Buckets) []uint32 {
 func listSize(n int) int { return 2 + 2*n }
 
 func encodedSize(msg *Message) int {
-	n := minSize + 4*len(msg.View.Eligible)
+	n := minSize + 4*len(msg.View.Eligible) + ackSize*len(msg.Acks)
 	for _, l := range msg.Draining {
 		if len(l) > 0 {
 			n += 5 + min(listSize(len(l)), bitmapBytes)
@@ -187,10 +234,10 @@ func encodedSize(msg *Message) int {
 	return n
 }
 
-// Decode checks and parses one heartbeat: size, version, cluster, then the
-// HMAC under key, then the body. It never panics; every error wraps one of
-// the Err values above.
-func Decode(b []byte, key []byte, clusterID uint32) (*Message, error) {
+// Decode checks and parses one heartbeat: size, version, key id, cluster,
+// then the HMAC under the heartbeat subkey of that key, then the body. It
+// never panics; every error wraps one of the Err values above.
+func Decode(b []byte, kr *Keyring, clusterID uint32) (*Message, error) {
 	if len(b) > MaxMessageSize {
 		return nil, fmt.Errorf("%w: %d bytes", ErrOversized, len(b))
 	}
@@ -200,7 +247,12 @@ func Decode(b []byte, key []byte, clusterID uint32) (*Message, error) {
 	if b[0] != ProtocolVersion {
 		return nil, fmt.Errorf("%w: %d", ErrBadVersion, b[0])
 	}
-	if c := binary.BigEndian.Uint32(b[4:]); c != clusterID {
+	keyID := binary.BigEndian.Uint32(b[4:])
+	key := kr.subkey(keyID)
+	if key == nil {
+		return nil, fmt.Errorf("%w: key id %08x", ErrUnknownKey, keyID)
+	}
+	if c := binary.BigEndian.Uint32(b[8:]); c != clusterID {
 		return nil, fmt.Errorf("%w: cluster id %d", ErrForeignCluster, c)
 	}
 	body, tag := b[:len(b)-macSize], b[len(b)-macSize:]
@@ -214,20 +266,26 @@ func Decode(b []byte, key []byte, clusterID uint32) (*Message, error) {
 	flags := r.u8()
 	msg.Healthy = flags&flagHealthy != 0
 	msg.Settled = flags&flagSettled != 0
+	msg.Leaving = flags&flagLeaving != 0
+	msg.Deaf = flags&flagDeaf != 0
 	msg.Admin = AdminState(r.u8())
 	reserved := r.u8()
+	msg.KeyID = r.u32()
 	msg.ClusterID = r.u32()
 	msg.Node = r.u32()
 	msg.Incarnation = r.u64()
 	msg.Seq = r.u64()
 	msg.RulesIndex = r.u64()
+	msg.RestartWindow = time.Duration(r.u16()) * time.Millisecond
 	switch {
-	case flags&^(flagHealthy|flagSettled) != 0 || reserved != 0:
+	case flags&^(flagHealthy|flagSettled|flagLeaving|flagDeaf) != 0 || reserved != 0:
 		return nil, fmt.Errorf("%w: unknown flags", ErrMalformed)
 	case !msg.Admin.Valid():
 		return nil, fmt.Errorf("%w: admin state %d", ErrMalformed, msg.Admin)
 	case msg.Node == 0:
 		return nil, fmt.Errorf("%w: node id 0", ErrMalformed)
+	case msg.RestartWindow > MaxRestartWindow:
+		return nil, fmt.Errorf("%w: restart window %v over %v", ErrMalformed, msg.RestartWindow, MaxRestartWindow)
 	}
 	msg.View.RulesIndex = r.u64()
 	msg.View.Seed = r.u32()
@@ -288,6 +346,19 @@ func Decode(b []byte, key []byte, clusterID uint32) (*Message, error) {
 			return nil, fmt.Errorf("%w: draining form %d", ErrMalformed, form)
 		}
 		msg.Draining[id] = l
+	}
+	n = int(r.u16())
+	if r.left() < ackSize*n {
+		return nil, fmt.Errorf("%w: acks of %d nodes past the end", ErrMalformed, n)
+	}
+	if n > 0 {
+		msg.Acks = make([]Ack, n)
+	}
+	for i := range msg.Acks {
+		msg.Acks[i] = Ack{Node: r.u32(), Incarnation: r.u64(), Seq: r.u64(), Age: r.u8()}
+	}
+	if !acksValid(msg.Acks) {
+		return nil, fmt.Errorf("%w: acks must be sorted by node, unique and not node 0", ErrMalformed)
 	}
 	msg.Counters.Accepted = r.u64()
 	msg.Counters.Dropped = r.u64()

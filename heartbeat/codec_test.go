@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -17,10 +18,12 @@ func sampleMessage() *Message {
 		big = append(big, k)
 	}
 	return &Message{
-		ClusterID: 42, Node: 3, Incarnation: 1_700_000_000_000_000_000, Seq: 99,
-		Admin: Draining, Healthy: true, Settled: true, RulesIndex: 1234,
+		KeyID:     simRing.Primary(),
+		ClusterID: 42, Node: 3, Incarnation: 1_700_000_000, Seq: 99,
+		Admin: Draining, Healthy: true, Settled: true, Deaf: true, Leaving: true, RestartWindow: 2500 * time.Millisecond, RulesIndex: 1234,
 		View:     View{Eligible: []uint32{1, 3, 9}, RulesIndex: 1234, Seed: 0xdeadbeef},
 		Draining: Buckets{1: {0, 5, 4095}, 7: big},
+		Acks:     []Ack{{Node: 1, Incarnation: 5, Seq: 7}, {Node: 9, Incarnation: 1 << 40, Seq: 1 << 50}},
 		Counters: Counters{Accepted: 1, Dropped: 2, Connections: 3},
 	}
 }
@@ -31,16 +34,16 @@ func TestCodecRoundTrip(t *testing.T) {
 		msg  *Message
 	}{
 		{"full", sampleMessage()},
-		{"empty view and draining", &Message{ClusterID: 42, Node: 1, Incarnation: 1, Seq: 1}},
-		{"all flags off", &Message{ClusterID: 42, Node: 65535, Admin: Suspended, View: View{Eligible: []uint32{65535}}}},
+		{"empty view and draining", &Message{KeyID: simRing.Primary(), ClusterID: 42, Node: 1, Incarnation: 1, Seq: 1}},
+		{"all flags off", &Message{KeyID: simRing.Primary(), ClusterID: 42, Node: 65535, Admin: Suspended, View: View{Eligible: []uint32{65535}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := Encode(tt.msg, simKey)
+			b, err := Encode(tt.msg, simRing)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := Decode(b, simKey, 42)
+			got, err := Decode(b, simRing, 42)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,7 +62,7 @@ func TestDrainingForm(t *testing.T) {
 		for i := range l {
 			l[i] = uint16(i)
 		}
-		b, err := Encode(&Message{ClusterID: 1, Node: 1, Draining: Buckets{5: l}}, simKey)
+		b, err := Encode(&Message{ClusterID: 1, Node: 1, Draining: Buckets{5: l}}, simRing)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +70,7 @@ func TestDrainingForm(t *testing.T) {
 		if len(b) != want {
 			t.Errorf("%d buckets: %d bytes, want %d", n, len(b), want)
 		}
-		got, err := Decode(b, simKey, 1)
+		got, err := Decode(b, simRing, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +88,7 @@ func resign(b []byte) []byte {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	good, err := Encode(sampleMessage(), simKey)
+	good, err := Encode(sampleMessage(), simRing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,14 +102,36 @@ func TestDecodeRejects(t *testing.T) {
 		{"empty", nil, ErrTruncated},
 		{"short", good[:minSize-1], ErrTruncated},
 		{"oversized", make([]byte, MaxMessageSize+1), ErrOversized},
-		{"version", edit(func(b []byte) []byte { b[0] = 2; return b }), ErrBadVersion},
-		{"foreign cluster", edit(func(b []byte) []byte { b[7] ^= 1; return b }), ErrForeignCluster},
-		{"wrong key", func() []byte { b, _ := Encode(sampleMessage(), bytes.Repeat([]byte{1}, 32)); return b }(), ErrBadMAC},
+		{"version 1", edit(func(b []byte) []byte { b[0] = 1; return b }), ErrBadVersion},
+		{"unknown key id", edit(func(b []byte) []byte { b[4] ^= 1; return b }), ErrUnknownKey},
+		{"foreign cluster", edit(func(b []byte) []byte { b[11] ^= 1; return b }), ErrForeignCluster},
+		{"wrong key", func() []byte {
+			b, _ := Encode(sampleMessage(), otherRing)
+			binary.BigEndian.PutUint32(b[4:], simRing.Primary())
+			return b
+		}(), ErrBadMAC},
+		{"cluster key itself", func() []byte {
+			// Version 1 signed with the cluster key; a subkey must be used.
+			b := bytes.Clone(good[:len(good)-macSize])
+			mac := hmac.New(sha256.New, simKey)
+			mac.Write(b)
+			return mac.Sum(b)
+		}(), ErrBadMAC},
 		{"flipped body bit", edit(func(b []byte) []byte { b[20] ^= 1; return b }), ErrBadMAC},
 		{"cut tag", good[:len(good)-1], ErrBadMAC},
 		{"unknown flag", edit(func(b []byte) []byte { b[1] |= 0x80; return resign(b) }), ErrMalformed},
 		{"admin state", edit(func(b []byte) []byte { b[2] = 9; return resign(b) }), ErrMalformed},
-		{"node 0", edit(func(b []byte) []byte { binary.BigEndian.PutUint32(b[8:], 0); return resign(b) }), ErrMalformed},
+		{"node 0", edit(func(b []byte) []byte { binary.BigEndian.PutUint32(b[12:], 0); return resign(b) }), ErrMalformed},
+		{"restart window", edit(func(b []byte) []byte { binary.BigEndian.PutUint16(b[40:], 10001); return resign(b) }), ErrMalformed},
+		{"acks unsorted", edit(func(b []byte) []byte {
+			acks := len(b) - macSize - 24 - 2*ackSize // the first of the two acks
+			binary.BigEndian.PutUint32(b[acks:], 9)
+			return resign(b)
+		}), ErrMalformed},
+		{"acks past end", edit(func(b []byte) []byte {
+			binary.BigEndian.PutUint16(b[len(b)-macSize-24-2*ackSize-2:], 1000)
+			return resign(b)
+		}), ErrMalformed},
 		{"digest", edit(func(b []byte) []byte { b[headerSize+12] ^= 1; return resign(b) }), ErrMalformed},
 		{"view count past end", edit(func(b []byte) []byte { binary.BigEndian.PutUint16(b[viewCount:], 60000); return resign(b) }), ErrMalformed},
 		{"trailing byte", edit(func(b []byte) []byte { return resign(append(b[:len(b)-macSize], 0, 0)) }), ErrMalformed},
@@ -114,14 +139,14 @@ func TestDecodeRejects(t *testing.T) {
 	reasons := map[Reason]bool{}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Decode(tt.in, simKey, 42)
+			_, err := Decode(tt.in, simRing, 42)
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Decode = %v, want %v", err, tt.want)
 			}
 			reasons[ReasonOf(err)] = true
 		})
 	}
-	for r := range ReasonStale {
+	for _, r := range []Reason{ReasonTruncated, ReasonOversized, ReasonBadVersion, ReasonForeignCluster, ReasonBadMAC, ReasonMalformed, ReasonUnknownKey} {
 		if !reasons[r] {
 			t.Errorf("no case rejects with reason %v", r)
 		}
@@ -135,6 +160,9 @@ func TestEncodeRefuses(t *testing.T) {
 	}{
 		{"unsorted draining", &Message{Node: 1, Draining: Buckets{1: {5, 4}}}},
 		{"bucket out of range", &Message{Node: 1, Draining: Buckets{1: {4096}}}},
+		{"unsorted acks", &Message{Node: 1, Acks: []Ack{{Node: 3}, {Node: 2}}}},
+		{"ack of node 0", &Message{Node: 1, Acks: []Ack{{Node: 0}}}},
+		{"restart window too long", &Message{Node: 1, RestartWindow: MaxRestartWindow + time.Millisecond}},
 		{"too many rules", func() *Message {
 			d := Buckets{}
 			for i := range 200 {
@@ -145,7 +173,7 @@ func TestEncodeRefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := Encode(tt.msg, simKey); err == nil {
+			if _, err := Encode(tt.msg, simRing); err == nil {
 				t.Error("Encode succeeded")
 			}
 		})
@@ -168,9 +196,9 @@ func TestReasonNames(t *testing.T) {
 	}
 }
 
-// hmacAppend appends the HMAC of body under simKey.
+// hmacAppend appends the HMAC of body under simRing's heartbeat subkey.
 func hmacAppend(body []byte) ([]byte, error) {
-	mac := hmac.New(sha256.New, simKey)
+	mac := hmac.New(sha256.New, simRing.subkey(simRing.Primary()))
 	mac.Write(body)
 	return mac.Sum(body), nil
 }

@@ -2,6 +2,7 @@ package heartbeat
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -10,24 +11,26 @@ import (
 // with the key (so the fuzzer reaches the body parser): it must never panic,
 // and whatever it accepts must encode back to an equal message.
 func FuzzDecode(f *testing.F) {
-	seed, _ := Encode(sampleMessage(), simKey)
+	seed, _ := Encode(sampleMessage(), simRing)
 	f.Add(seed, false)
 	f.Add(seed[:len(seed)-macSize], true)
-	small, _ := Encode(&Message{ClusterID: 42, Node: 1}, simKey)
+	small, _ := Encode(&Message{ClusterID: 42, Node: 1}, simRing)
 	f.Add(small[:len(small)-macSize], true)
+	acked, _ := Encode(&Message{ClusterID: 42, Node: 1, Leaving: true, RestartWindow: time.Second, Acks: []Ack{{Node: 2, Incarnation: 3, Seq: 4}}}, simRing)
+	f.Add(acked[:len(acked)-macSize], true)
 	f.Fuzz(func(t *testing.T, b []byte, sign bool) {
 		if sign && len(b) > 0 {
 			b, _ = hmacAppend(b)
 		}
-		msg, err := Decode(b, simKey, 42)
+		msg, err := Decode(b, simRing, 42)
 		if err != nil {
 			return
 		}
-		again, err := Encode(msg, simKey)
+		again, err := Encode(msg, simRing)
 		if err != nil {
 			t.Fatalf("accepted message does not encode: %v", err)
 		}
-		msg2, err := Decode(again, simKey, 42)
+		msg2, err := Decode(again, simRing, 42)
 		if err != nil {
 			t.Fatalf("re-encoded message rejected: %v", err)
 		}

@@ -2,6 +2,7 @@ package heartbeat
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 )
@@ -14,55 +15,98 @@ type Local struct {
 	Seed       uint32  // hash seed of those rules
 	Draining   Buckets // buckets this node holds connections in but does not accept
 	Counters   Counters
+	// Leaving: this node is stopping and hands its buckets over. It leaves
+	// its own view at once and peers drop it from theirs on its next
+	// heartbeat; Status.Released tells when every live peer has.
+	Leaving bool
+	// RestartWindow, when not 0, announces a restart of at most this long
+	// (capped at MaxRestartWindow): peers keep this node in their views,
+	// with its buckets, until that long after its last heartbeat.
+	RestartWindow time.Duration
 }
 
 // PeerStatus is what this node knows of one registered peer.
 type PeerStatus struct {
-	ID          uint32
-	Live        bool // a valid heartbeat arrived within the last T periods
-	Eligible    bool // in this node's view
-	Lagging     bool // rules index behind the newest seen for longer than the grace
-	LastHeard   time.Time
-	Incarnation uint64
-	Settled     bool
-	Admin       AdminState
-	Healthy     bool
-	RulesIndex  uint64
-	View        View // the view the peer advertises
-	Draining    Buckets
-	Counters    Counters
+	ID           uint32
+	Live         bool // a valid heartbeat arrived within the last T periods
+	Eligible     bool // in this node's view
+	Lagging      bool // rules index behind the newest seen for longer than the grace
+	Hears        bool // its last heartbeat acknowledges this node's incarnation
+	Suspect      bool // silent for T/2 periods or more: probe it (Machine.Probe)
+	Restarting   bool // it announced a restart and is kept until RestartUntil
+	LastHeard    time.Time
+	RestartUntil time.Time
+	Incarnation  uint64
+	Settled      bool
+	Leaving      bool
+	Admin        AdminState
+	Healthy      bool
+	RulesIndex   uint64
+	View         View // the view the peer advertises
+	Draining     Buckets
+	Counters     Counters
 }
 
 // Status is the Machine's output: everything the agent acts on.
 type Status[S any] struct {
 	// Version grows whenever anything below that the agent acts on changes
 	// (view, convergence, accepting set, peers' liveness, admin state,
-	// health, rules index or draining buckets); comparing it is enough to
-	// know whether to reconcile.
+	// health, rules index, draining buckets or suspects); comparing it is
+	// enough to know whether to reconcile.
 	Version     uint64
 	Incarnation uint64
 	View        View
 	AdoptedAt   time.Time // when this node adopted View
-	Converged   bool      // every member advertised View for K periods since it was adopted
-	Excluded    bool      // a live peer's view leaves this eligible node out: Accept is empty
-	Settled     bool      // done listening after start
-	Lagging     bool      // this node's rules index lags the newest seen past the grace
-	NewestRules uint64    // the newest rules index seen, here or at a live peer
+	// Converged: every other member of View advertises it in a heartbeat
+	// that acknowledges one this node sent after adopting it.
+	Converged bool
+	Excluded  bool // a live peer that hears this node leaves it out of its view: Accept is empty
+	Settled   bool // done listening after start, and not deaf
+	// Deaf: no peer this node hears hears it, while a probe found alive a
+	// peer it does not hear (it hears nobody, or only nodes cut off like
+	// itself). A deaf node is not eligible.
+	Deaf        bool
+	Lagging     bool   // this node's rules index lags the newest seen past the grace
+	NewestRules uint64 // the newest rules index seen, here or at a live peer
+	// Released: every live peer advertises a view without this node (for a
+	// leaving node: its buckets are handed over, it may stop).
+	Released bool
 	// Accept is the accepting set: the buckets where this node takes new
 	// connections. It is shared with the Machine and must not be modified.
 	Accept        S
 	Peers         []PeerStatus // every registered peer, sorted by id
 	PeersDraining Buckets      // union of the live peers' draining buckets
-	Deaths        uint64       // times a live peer was declared dead, since start
+	// Suspects are the peers to probe through a second channel (a TCP
+	// connection to the peer API) and report with Machine.Probe.
+	Suspects []uint32
+	Deaths   uint64 // times a live peer was declared dead, since start
 }
 
 type peer struct {
-	msg       *Message // the last accepted heartbeat; nil until one arrives
+	addr      netip.AddrPort // registered heartbeat address
+	msg       *Message       // the last accepted heartbeat; nil until one arrives
 	lastHeard time.Time
 	live      bool
 	behind    time.Time // since when its rules index lags the newest; zero if not
-	match     int       // consecutive heartbeats advertising our view, counted per DESIGN.md
+	// acked: its last heartbeat acknowledges one we sent after adopting our
+	// view; agrees: and it advertises that view.
+	acked, agrees bool
+	// restartUntil: it announced a restart; until then it is kept as
+	// restartMsg said (eligible or not), even silent.
+	restartUntil time.Time
+	restartMsg   *Message
+	// claimSince: since when it is settled, includes itself in its view
+	// and does not hear this node (so cannot acknowledge it); zero if not.
+	claimSince time.Time
+	probeAt    time.Time // when the last probe result came; zero if none
+	probeAlive bool
+	suspect    bool
 }
+
+// seen is the newest heartbeat accepted from a node, kept for ever (also
+// after its death or removal): older incarnations and repeated sequence
+// numbers stay rejected.
+type seen struct{ inc, seq uint64 }
 
 // Machine is the membership state machine of one node: the failure
 // detector, the view and the accepting set. It is pure (time comes in as
@@ -79,17 +123,25 @@ type Machine[S any] struct {
 	intersect func(a, b S) S
 
 	start      time.Time
+	listenFrom time.Time // start, or when it last stopped being deaf: settling listens from here
 	local      Local
-	registry   map[uint32]bool
-	peersKnown bool // SetPeers was called
+	registry   map[uint32]netip.AddrPort
+	ids        []uint32 // registry ids, sorted
+	peersKnown bool     // SetPeers was called
 	peers      map[uint32]*peer
+	seen       map[uint32]seen
 	settled    bool
+	deaf       bool
 	selfBehind time.Time
 	newest     uint64
 
-	hasView     bool
-	view        View
-	adopted     time.Time
+	hasView bool
+	view    View
+	adopted time.Time
+	viewSeq uint64 // the sequence number of the first heartbeat sent in view
+	// dropped: nodes that left the view since it was last acted on, and
+	// when; acquisition waits until holdFor says each knows.
+	dropped     map[uint32]time.Time
 	cur         S    // owned(view), once curValid
 	curValid    bool // cur has been computed for view
 	accept      S
@@ -97,16 +149,25 @@ type Machine[S any] struct {
 	acquired    bool // accept = cur, taken on convergence
 	converged   bool
 	excluded    bool
+	released    bool
 	sentInView  int
 
 	seq      uint64
+	tat      time.Time // the send budget, as a GCRA: see sendSoon
 	lastSent time.Time
 	nextSend time.Time
+
+	reach reachCache
 
 	now     time.Time // the latest time given
 	version uint64
 	deaths  uint64
 }
+
+// sendBurst plus the number of peers is how many heartbeats a node sends at
+// most in any one period: view changes, and replies to each peer's, go out
+// at once up to that budget.
+const sendBurst = 4
 
 // NewMachine returns the Machine of a node that starts at now, with an empty
 // accepting set. Call SetPeers and SetLocal next: until SetPeers the node
@@ -117,12 +178,9 @@ func NewMachine[S any](cfg Config, now time.Time, owned func(View) S, intersect 
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("heartbeat config: %w", err)
 	}
-	if cfg.Incarnation == 0 {
-		cfg.Incarnation = uint64(now.UnixNano())
-	}
 	m := &Machine[S]{
 		cfg: cfg, owned: owned, intersect: intersect,
-		start: now, registry: map[uint32]bool{}, peers: map[uint32]*peer{},
+		start: now, listenFrom: now, registry: map[uint32]netip.AddrPort{}, peers: map[uint32]*peer{}, seen: map[uint32]seen{}, dropped: map[uint32]time.Time{},
 		acceptEmpty: true, nextSend: now,
 	}
 	m.recompute(now)
@@ -134,51 +192,77 @@ func (m *Machine[S]) Config() Config { return m.cfg }
 
 func (m *Machine[S]) period(n int) time.Duration { return time.Duration(n) * m.cfg.Period }
 
-// Receive takes one decoded, authenticated heartbeat. It returns an error
-// wrapping ErrSelf, ErrUnknownNode, ErrForeignCluster or ErrStale when the
-// heartbeat is dropped.
-func (m *Machine[S]) Receive(now time.Time, msg *Message) error {
+// suspectAfter is how long a silent peer goes before it is probed: half the
+// tolerance, so that the probe's answer is in before the peer would die.
+func (m *Machine[S]) suspectAfter() time.Duration { return m.period(m.cfg.Tolerance) / 2 }
+
+// Receive takes one decoded, authenticated heartbeat and the address it came
+// from. It returns an error wrapping ErrSelf, ErrUnknownNode,
+// ErrForeignCluster, ErrWrongAddress, ErrOldIncarnation or ErrStale when the
+// heartbeat is dropped; a dropped heartbeat changes nothing.
+func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) error {
+	reg, registered := m.registry[msg.Node]
 	switch {
 	case msg.ClusterID != m.cfg.ClusterID:
 		return fmt.Errorf("%w: cluster id %d", ErrForeignCluster, msg.ClusterID)
 	case msg.Node == m.cfg.Self:
 		// Our own heartbeat looped back, or another node uses our id.
 		return fmt.Errorf("%w: node %d incarnation %d", ErrSelf, msg.Node, msg.Incarnation)
-	case !m.registry[msg.Node]:
+	case !registered:
 		return fmt.Errorf("%w: node %d", ErrUnknownNode, msg.Node)
+	case !reg.IsValid() || from.Addr().Unmap() != reg.Addr().Unmap() || from.Port() != reg.Port():
+		return fmt.Errorf("%w: node %d from %v, registered at %v", ErrWrongAddress, msg.Node, from, reg)
 	}
+	last := m.seen[msg.Node]
+	switch {
+	case msg.Incarnation < last.inc:
+		return fmt.Errorf("%w: node %d incarnation %d, seen %d", ErrOldIncarnation, msg.Node, msg.Incarnation, last.inc)
+	case msg.Incarnation == last.inc && msg.Seq <= last.seq:
+		return fmt.Errorf("%w: node %d sequence %d, last %d", ErrStale, msg.Node, msg.Seq, last.seq)
+	}
+	m.seen[msg.Node] = seen{msg.Incarnation, msg.Seq}
 	p := m.peers[msg.Node]
-	if p == nil {
-		p = &peer{}
-		m.peers[msg.Node] = p
-	}
 	changed := p.msg == nil || !p.live
+	reply := changed
 	if old := p.msg; old != nil {
 		switch {
-		case msg.Incarnation == old.Incarnation && msg.Seq <= old.Seq:
-			return fmt.Errorf("%w: node %d sequence %d, last %d", ErrStale, msg.Node, msg.Seq, old.Seq)
-		case msg.Incarnation < old.Incarnation && p.live:
-			// Incarnations grow across restarts; an older one while the
-			// newer is live is a replay. Once the newer is dead, any
-			// incarnation is taken as a restart (a clock set back).
-			return fmt.Errorf("%w: node %d incarnation %d, live one is %d", ErrStale, msg.Node, msg.Incarnation, old.Incarnation)
 		case msg.Incarnation != old.Incarnation:
 			// A restarted peer is a fresh member: nothing it said before counts.
-			p.match, p.behind, changed = 0, time.Time{}, true
+			p.behind, changed, reply = time.Time{}, true, true
+		case !msg.View.Equal(old.View):
+			changed, reply = true, true
 		case msg.Admin != old.Admin || msg.Healthy != old.Healthy || msg.Settled != old.Settled ||
-			msg.RulesIndex != old.RulesIndex || !msg.View.Equal(old.View) || !msg.Draining.Equal(old.Draining):
+			msg.Leaving != old.Leaving || msg.Deaf != old.Deaf || (msg.RestartWindow > 0) != (old.RestartWindow > 0) ||
+			msg.RulesIndex != old.RulesIndex || !msg.Draining.Equal(old.Draining) || !sameHearing(msg.Acks, old.Acks):
 			changed = true
 		}
 	}
+	if msg.RestartWindow > 0 {
+		p.restartUntil, p.restartMsg = now.Add(min(msg.RestartWindow, MaxRestartWindow)), msg
+	} else if p.restartMsg != nil && (msg.Incarnation == p.restartMsg.Incarnation || msg.Settled) {
+		// The restart was called off, or the new incarnation has settled.
+		p.restartUntil, p.restartMsg, changed = time.Time{}, nil, true
+	}
 	p.msg, p.lastHeard, p.live = msg, now, true
-	if m.hasView && msg.View.Equal(m.view) {
-		// Only a heartbeat received a period after we adopted the view
-		// was surely sent after it (one-way delay < P), so only those count.
-		if now.Sub(m.adopted) >= m.cfg.Period {
-			p.match++
+	if m.claims(p) {
+		if p.claimSince.IsZero() {
+			p.claimSince, changed = now, true
 		}
-	} else {
-		p.match = 0
+	} else if !p.claimSince.IsZero() {
+		p.claimSince, changed = time.Time{}, true
+	}
+	if p.suspect {
+		p.suspect, changed = false, true
+	}
+	acked := m.acks(msg)
+	agrees := acked && m.hasView && msg.View.Equal(m.view)
+	if acked != p.acked || agrees != p.agrees {
+		p.acked, p.agrees, changed = acked, agrees, true
+	}
+	if reply {
+		// The peer adopted a view (or came back): it needs our
+		// acknowledgement to converge, so answer now.
+		m.sendSoon(now)
 	}
 	if changed {
 		m.version++
@@ -192,18 +276,96 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message) error {
 	return nil
 }
 
-// Tick lets time pass: peers silent for more than T periods die, and
-// deadlines (settling, rules lag, convergence) are checked. Call it at
-// Wake() at the latest.
+// claims reports whether live peer p may be accepting without hearing this
+// node: settled, in its own view, and acknowledging nothing of this
+// incarnation.
+func (m *Machine[S]) claims(p *peer) bool {
+	if !p.msg.Settled || !p.msg.View.Has(p.msg.Node) {
+		return false
+	}
+	a, ok := ackOf(p.msg.Acks, m.cfg.Self)
+	return !ok || a.Incarnation != m.cfg.Incarnation
+}
+
+// acks reports whether msg acknowledges a heartbeat this incarnation sent
+// after adopting its view.
+func (m *Machine[S]) acks(msg *Message) bool {
+	a, ok := ackOf(msg.Acks, m.cfg.Self)
+	return ok && a.Incarnation == m.cfg.Incarnation && a.Seq >= m.viewSeq
+}
+
+func ackOf(acks []Ack, id uint32) (Ack, bool) {
+	i, ok := slices.BinarySearchFunc(acks, id, func(a Ack, id uint32) int {
+		switch {
+		case a.Node < id:
+			return -1
+		case a.Node > id:
+			return 1
+		}
+		return 0
+	})
+	if !ok {
+		return Ack{}, false
+	}
+	return acks[i], true
+}
+
+// sameHearing reports whether two ack lists name the same incarnations.
+func sameHearing(a, b []Ack) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Node != b[i].Node || a[i].Incarnation != b[i].Incarnation {
+			return false
+		}
+	}
+	return true
+}
+
+// Probe takes the result of a probe of peer id through a second channel
+// (alive: its peer API answered). A live result keeps a deaf node from
+// taking buckets; a dead one lets a view that dropped the peer be acted on
+// without the wait for a node that may still be alive. Results count for T
+// periods.
+func (m *Machine[S]) Probe(now time.Time, id uint32, alive bool) {
+	p := m.peers[id]
+	if p == nil {
+		return
+	}
+	p.probeAt, p.probeAlive = now, alive
+	if p.suspect {
+		p.suspect = false
+	}
+	m.version++
+	m.recompute(now)
+}
+
+// Tick lets time pass: peers silent for more than T periods die (or at the
+// end of their restart window), and deadlines (settling, rules lag, holds,
+// suspicion) are checked. Call it at Wake() at the latest.
 func (m *Machine[S]) Tick(now time.Time) {
 	for _, p := range m.peers {
 		if p.live && now.Sub(p.lastHeard) > m.period(m.cfg.Tolerance) {
-			p.live, p.match, p.behind = false, 0, time.Time{}
-			m.deaths++
+			p.live, p.acked, p.agrees, p.behind, p.claimSince = false, false, false, time.Time{}, time.Time{}
+			if !m.kept(p, now) {
+				m.deaths++
+			}
+			m.version++
+		}
+		if p.restartMsg != nil && !now.Before(p.restartUntil) {
+			p.restartUntil, p.restartMsg = time.Time{}, nil
+			if !p.live {
+				m.deaths++ // it did not come back in time: a failure
+			}
 			m.version++
 		}
 	}
 	m.recompute(now)
+}
+
+func (m *Machine[S]) kept(p *peer, now time.Time) bool {
+	return p.restartMsg != nil && now.Before(p.restartUntil)
 }
 
 // SetLocal sets what this node advertises about itself. l.Draining is kept,
@@ -211,31 +373,48 @@ func (m *Machine[S]) Tick(now time.Time) {
 func (m *Machine[S]) SetLocal(now time.Time, l Local) {
 	old := m.local
 	m.local = l
-	if old.Admin != l.Admin || old.Healthy != l.Healthy || old.RulesIndex != l.RulesIndex || old.Seed != l.Seed {
+	if old.Admin != l.Admin || old.Healthy != l.Healthy || old.RulesIndex != l.RulesIndex || old.Seed != l.Seed ||
+		old.Leaving != l.Leaving || old.RestartWindow != l.RestartWindow {
 		m.version++
+		if old.Leaving != l.Leaving || old.RestartWindow != l.RestartWindow {
+			m.sendSoon(now)
+		}
 	}
 	m.recompute(now)
 }
 
-// SetPeers sets the node registry: only these nodes' heartbeats count, and
-// these are the nodes this one must hear before it settles. Self and 0 are
-// ignored.
-func (m *Machine[S]) SetPeers(now time.Time, ids []uint32) {
-	reg := make(map[uint32]bool, len(ids))
-	for _, id := range ids {
+// SetPeers sets the node registry: each peer's id and the address its
+// heartbeats come from (and go to). Only these nodes' heartbeats count, only
+// from these addresses, and these are the nodes this one must hear before it
+// settles. Self and 0 are ignored; the map is not kept.
+func (m *Machine[S]) SetPeers(now time.Time, peers map[uint32]netip.AddrPort) {
+	reg := make(map[uint32]netip.AddrPort, len(peers))
+	for id, ap := range peers {
 		if id != 0 && id != m.cfg.Self {
-			reg[id] = true
+			reg[id] = ap
 		}
 	}
 	for id := range m.peers {
-		if !reg[id] {
+		if _, ok := reg[id]; !ok {
 			delete(m.peers, id)
 			m.version++
 		}
 	}
-	if len(reg) != len(m.registry) {
-		m.version++
+	m.ids = m.ids[:0]
+	for id, ap := range reg {
+		m.ids = append(m.ids, id)
+		p := m.peers[id]
+		if p == nil {
+			p = &peer{}
+			m.peers[id] = p
+			m.version++
+		}
+		if p.addr != ap {
+			p.addr = ap
+			m.version++
+		}
 	}
+	slices.Sort(m.ids)
 	m.registry, m.peersKnown = reg, true
 	m.recompute(now)
 }
@@ -246,23 +425,43 @@ func (m *Machine[S]) Outgoing(now time.Time) *Message {
 	m.seq++
 	msg := &Message{
 		ClusterID: m.cfg.ClusterID, Node: m.cfg.Self, Incarnation: m.cfg.Incarnation, Seq: m.seq,
-		Admin: m.local.Admin, Healthy: m.local.Healthy, Settled: m.settled,
+		Admin: m.local.Admin, Healthy: m.local.Healthy, Settled: m.settled && !m.deaf,
+		Deaf: m.deaf, Leaving: m.local.Leaving, RestartWindow: min(max(m.local.RestartWindow, 0), MaxRestartWindow),
 		RulesIndex: m.local.RulesIndex, View: m.view, Draining: m.local.Draining, Counters: m.local.Counters,
 	}
+	for _, id := range m.ids {
+		if p := m.peers[id]; p.live {
+			age := min(now.Sub(p.lastHeard)/m.cfg.Period, 255)
+			msg.Acks = append(msg.Acks, Ack{Node: id, Incarnation: p.msg.Incarnation, Seq: m.seen[id].seq, Age: uint8(age)})
+		}
+	}
 	m.sentInView++
+	m.tat = later(m.tat, now).Add(m.cfg.Period / time.Duration(sendBurst+len(m.ids)))
 	m.lastSent, m.nextSend = now, now.Add(m.cfg.Period)
 	m.recompute(now)
 	return msg
 }
 
+// sendSoon makes the next heartbeat due now, or as soon as the budget
+// allows: at most sendBurst + peers heartbeats in any period (a generic cell
+// rate algorithm: each heartbeat takes P/budget, a period's worth may be
+// spent at once).
+func (m *Machine[S]) sendSoon(now time.Time) {
+	t := later(now, m.tat.Add(-m.cfg.Period))
+	if t.Before(m.nextSend) {
+		m.nextSend = t
+	}
+}
+
 // NextSend is when the next heartbeat is due: a period after the last, or
-// sooner after a view change, so that peers learn the new view at once.
+// sooner after a view change here or at a peer, so that peers learn the new
+// view and acknowledge it at once.
 func (m *Machine[S]) NextSend() time.Time { return m.nextSend }
 
 // Wake returns the latest time at which Tick (or Outgoing, when NextSend is
 // due) must next be called for the Machine to act on time: the next
-// heartbeat, the next possible death, the end of a lag grace, of settling or
-// of the convergence wait.
+// heartbeat, the next possible death or suspicion, the end of a lag grace,
+// of settling, of a restart window, of a probe's validity or of a hold.
 func (m *Machine[S]) Wake() time.Time {
 	w := m.nextSend
 	earliest := func(t time.Time) {
@@ -278,34 +477,80 @@ func (m *Machine[S]) Wake() time.Time {
 				earliest(p.behind.Add(m.period(m.cfg.LagGrace) + 1))
 			}
 		}
+		earliest(m.lastHeard(p).Add(m.suspectAfter()))
+		if !p.probeAt.IsZero() {
+			earliest(p.probeAt.Add(m.suspectAfter()))
+			earliest(p.probeAt.Add(m.period(m.cfg.Tolerance) + 1))
+		}
+		if p.restartMsg != nil {
+			earliest(p.restartUntil)
+		}
 	}
 	if !m.selfBehind.IsZero() {
 		earliest(m.selfBehind.Add(m.period(m.cfg.LagGrace) + 1))
 	}
 	if !m.settled {
-		earliest(m.start.Add(m.period(m.cfg.Tolerance)))
+		earliest(m.listenFrom.Add(m.period(m.cfg.Tolerance)))
 	}
 	if !m.converged {
-		earliest(m.adopted.Add(m.period(m.cfg.Converge)))
+		for id, at := range m.dropped {
+			earliest(at.Add(m.holdFor(id, m.now)))
+		}
+		for _, p := range m.peers {
+			if p.live && !p.claimSince.IsZero() {
+				earliest(m.claimHold(p))
+			}
+		}
 	}
 	return w
+}
+
+// lastHeard is when p was last heard, or this node's start if never.
+func (m *Machine[S]) lastHeard(p *peer) time.Time {
+	if p.msg == nil {
+		return m.start
+	}
+	return p.lastHeard
 }
 
 func (m *Machine[S]) lagging(behind, now time.Time) bool {
 	return !behind.IsZero() && now.Sub(behind) > m.period(m.cfg.LagGrace)
 }
 
+// advert is what counts of p for eligibility: its last heartbeat, or while
+// it restarts the one that announced the restart.
+func (m *Machine[S]) advert(p *peer, now time.Time) *Message {
+	if m.kept(p, now) {
+		return p.restartMsg
+	}
+	if p.live {
+		return p.msg
+	}
+	return nil
+}
+
 func (m *Machine[S]) eligible(p *peer, now time.Time) bool {
-	return p.live && p.msg.Settled && p.msg.Admin == Started && p.msg.Healthy && !m.lagging(p.behind, now)
+	a := m.advert(p, now)
+	return a != nil && a.Settled && !a.Leaving && a.Admin == Started && a.Healthy && (m.kept(p, now) || !m.lagging(p.behind, now))
 }
 
 func (m *Machine[S]) selfEligible(now time.Time) bool {
-	return m.settled && m.local.Admin == Started && m.local.Healthy && !m.lagging(m.selfBehind, now)
+	return m.settled && !m.deaf && !m.local.Leaving && m.local.Admin == Started && m.local.Healthy && !m.lagging(m.selfBehind, now)
 }
 
-// recompute derives everything from the inputs: lag, settling, the view
-// (release at once on a change), exclusion (yield) and convergence
-// (acquire).
+// probedAlive reports whether a probe found p alive within T periods.
+func (m *Machine[S]) probedAlive(p *peer, now time.Time) bool {
+	return p.probeAlive && !p.probeAt.IsZero() && now.Sub(p.probeAt) <= m.period(m.cfg.Tolerance)
+}
+
+// probedDead reports whether a probe found p gone within T periods.
+func (m *Machine[S]) probedDead(p *peer, now time.Time) bool {
+	return !p.probeAlive && !p.probeAt.IsZero() && now.Sub(p.probeAt) <= m.period(m.cfg.Tolerance)
+}
+
+// recompute derives everything from the inputs: lag, settling, deafness,
+// suspects, the view (release at once on a change), exclusion (yield) and
+// convergence (acquire).
 func (m *Machine[S]) recompute(now time.Time) {
 	m.now = now
 	m.newest = m.local.RulesIndex
@@ -323,13 +568,38 @@ func (m *Machine[S]) recompute(now time.Time) {
 		}
 	}
 	track(&m.selfBehind, m.local.RulesIndex)
+	mutual, unheardAlive := false, false
 	for _, p := range m.peers {
 		if p.live {
 			track(&p.behind, p.msg.RulesIndex)
+			if a, ok := ackOf(p.msg.Acks, m.cfg.Self); ok && a.Incarnation == m.cfg.Incarnation {
+				mutual = true
+			}
+		} else if m.probedAlive(p, now) {
+			unheardAlive = true
+		}
+		// Ask for a probe of a peer silent for T/2 periods, again every
+		// T/2 periods while it stays silent.
+		suspect := now.Sub(m.lastHeard(p)) >= m.suspectAfter() && !m.kept(p, now) &&
+			(p.probeAt.IsZero() || now.Sub(p.probeAt) >= m.suspectAfter())
+		if suspect != p.suspect {
+			p.suspect = suspect
+			m.version++
+		}
+	}
+	// Deaf: no peer it hears hears it, and a peer it does not hear is
+	// alive (a probe says so): it cannot tell what the others decide.
+	if deaf := !mutual && unheardAlive; deaf != m.deaf {
+		m.deaf = deaf
+		m.version++
+		if !deaf {
+			// Hearing again: listen to everyone first, as after a start,
+			// before taking anything.
+			m.settled, m.listenFrom = false, now
 		}
 	}
 
-	if !m.settled && (now.Sub(m.start) >= m.period(m.cfg.Tolerance) || m.heardAll()) {
+	if !m.settled && (now.Sub(m.listenFrom) >= m.period(m.cfg.Tolerance) && !m.unheardAlive(now) || m.heardAll()) {
 		m.settled = true
 		m.version++
 	}
@@ -338,27 +608,30 @@ func (m *Machine[S]) recompute(now time.Time) {
 	if m.selfEligible(now) {
 		elig = append(elig, m.cfg.Self)
 	}
-	for id, p := range m.peers {
-		if m.eligible(p, now) {
+	for _, id := range m.ids {
+		if m.eligible(m.peers[id], now) {
 			elig = append(elig, id)
 		}
 	}
 	slices.Sort(elig)
+	elig = m.mutual(elig, now)
 	if v := (View{Eligible: elig, RulesIndex: m.local.RulesIndex, Seed: m.local.Seed}); !m.hasView || !v.Equal(m.view) {
 		m.adopt(now, v)
 	}
 
-	excluded := false
-	if m.view.Has(m.cfg.Self) {
-		for _, p := range m.peers {
-			if p.live && p.msg.Settled && !p.msg.View.Has(m.cfg.Self) {
-				excluded = true
-				break
-			}
+	excluded, released := false, true
+	for _, p := range m.peers {
+		if !p.live {
+			continue
+		}
+		if p.msg.View.Has(m.cfg.Self) {
+			released = false
+		} else if m.view.Has(m.cfg.Self) && p.msg.Settled && m.heardBy(p) {
+			excluded = true
 		}
 	}
-	if excluded != m.excluded {
-		m.excluded = excluded
+	if excluded != m.excluded || released != m.released {
+		m.excluded, m.released = excluded, released
 		m.version++
 	}
 	if excluded && !m.acceptEmpty {
@@ -368,6 +641,9 @@ func (m *Machine[S]) recompute(now time.Time) {
 	}
 
 	converged := m.isConverged(now)
+	if converged {
+		clear(m.dropped) // they all know, or had time to
+	}
 	if converged != m.converged {
 		m.converged = converged
 		m.version++
@@ -381,12 +657,35 @@ func (m *Machine[S]) recompute(now time.Time) {
 	}
 }
 
+// heardBy reports whether p's view is held against this node: p hears it
+// (acknowledges this incarnation), or p hears nobody at all (it may be deaf,
+// and yielding to it is what keeps two owners apart when no probe says so).
+func (m *Machine[S]) heardBy(p *peer) bool {
+	if len(p.msg.Acks) == 0 {
+		return true
+	}
+	a, ok := ackOf(p.msg.Acks, m.cfg.Self)
+	return ok && a.Incarnation == m.cfg.Incarnation
+}
+
 // adopt makes v the view and releases at once every bucket v does not give
 // this node. Nothing is acquired here. owned(v) is computed only when there
 // is something to release; otherwise it waits for convergence, so a burst
 // of views (a cluster starting) costs nothing.
 func (m *Machine[S]) adopt(now time.Time, v View) {
-	m.hasView, m.view, m.adopted = true, v, now
+	if m.hasView {
+		for _, id := range m.view.Eligible {
+			if _, ok := m.dropped[id]; id != m.cfg.Self && !v.Has(id) && !ok {
+				m.dropped[id] = now
+			}
+		}
+	}
+	for id := range m.dropped {
+		if v.Has(id) {
+			delete(m.dropped, id)
+		}
+	}
+	m.hasView, m.view, m.adopted, m.viewSeq = true, v, now, m.seq+1
 	var zero S
 	m.cur, m.curValid = zero, false
 	switch {
@@ -400,45 +699,146 @@ func (m *Machine[S]) adopt(now time.Time, v View) {
 	}
 	m.acquired, m.sentInView = false, 0
 	for _, p := range m.peers {
-		p.match = 0
+		p.acked, p.agrees = false, false
 	}
-	// Announce the new view now, but at most four heartbeats a period
-	// when views change in a burst (a cluster starting).
-	m.nextSend = now
-	if next := m.lastSent.Add(m.cfg.Period / 4); !m.lastSent.IsZero() && next.After(now) {
-		m.nextSend = next
-	}
+	// Announce the new view now.
+	m.sendSoon(now)
 	m.version++
+}
+
+// holdFor is how long acquisition waits after node id left the view or
+// was seen claiming buckets without hearing this node: 0 when it knows
+// (it advertises a view without itself: leaving, stopped, unhealthy,
+// lagging) or a probe found it gone; deathHold periods when it still hears,
+// within the last two periods, a member that hears it (it learns from that
+// member's next heartbeat that it must yield); else T+1 periods, by which
+// it has found itself alone or deaf (see Status.Deaf).
+func (m *Machine[S]) holdFor(id uint32, now time.Time) time.Duration {
+	p := m.peers[id]
+	switch {
+	case p == nil:
+		return 0 // removed from the registry
+	case p.live && !p.msg.View.Has(id):
+		return 0
+	case !p.live && m.probedDead(p, now):
+		return 0
+	case !p.live:
+		return m.period(deathHold)
+	}
+	for _, a := range p.msg.Acks {
+		if a.Age > 1 {
+			continue
+		}
+		if a.Node == m.cfg.Self && a.Incarnation == m.cfg.Incarnation {
+			return m.period(deathHold)
+		}
+		if k := m.peers[a.Node]; k != nil && k.live && a.Incarnation == k.msg.Incarnation && m.view.Has(a.Node) {
+			if b, ok := ackOf(k.msg.Acks, id); ok && b.Incarnation == p.msg.Incarnation {
+				return m.period(deathHold)
+			}
+		}
+	}
+	return m.period(m.cfg.Tolerance + 1)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// unheardAlive reports whether a probe found alive a peer not heard since
+// listening began: settling waits for it (it may be accepting).
+func (m *Machine[S]) unheardAlive(now time.Time) bool {
+	for _, p := range m.peers {
+		if m.probedAlive(p, now) && (p.msg == nil || p.lastHeard.Before(m.listenFrom)) {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *Machine[S]) heardAll() bool {
 	if !m.peersKnown {
 		return false
 	}
-	for id := range m.registry {
-		if p := m.peers[id]; p == nil || p.msg == nil {
+	for _, id := range m.ids {
+		if p := m.peers[id]; p.msg == nil || p.lastHeard.Before(m.listenFrom) {
 			return false
 		}
 	}
 	return true
 }
 
-// isConverged: every member of the view, this node included, has advertised
-// it for K periods since this node adopted it.
+// isConverged: this node has sent a heartbeat of its view; every other
+// member of the view advertises it, acknowledging one of those; every other
+// live peer acknowledges one too (it knows this node's state: were it about
+// to become eligible, this node's view would change), unless it is settled
+// and does not hear this node at all; and no hold for a dropped node runs.
 func (m *Machine[S]) isConverged(now time.Time) bool {
-	k := m.cfg.Converge
-	if !m.settled || m.sentInView < k || now.Sub(m.adopted) < m.period(k) {
+	if !m.settled || m.sentInView < 1 {
 		return false
+	}
+	for id, at := range m.dropped {
+		if now.Before(at.Add(m.holdFor(id, now))) {
+			return false
+		}
+	}
+	if len(m.view.Eligible) == 1 {
+		// Alone in its view: not while a probe says a peer it does not
+		// hear is alive (this node is cut off from it, and nobody else
+		// vouches for the view).
+		for _, p := range m.peers {
+			if !p.live && m.probedAlive(p, now) {
+				return false
+			}
+		}
 	}
 	for _, id := range m.view.Eligible {
 		if id == m.cfg.Self {
 			continue
 		}
-		if p := m.peers[id]; p == nil || p.match < k {
+		if p := m.peers[id]; p == nil || !p.agrees {
 			return false
 		}
 	}
+	for _, p := range m.peers {
+		if !p.live || p.acked || m.view.Has(p.msg.Node) {
+			continue
+		}
+		switch {
+		case !p.msg.Settled && !p.msg.Deaf:
+			return false // it will hear this node, or settle
+		case !p.claimSince.IsZero():
+			// It cannot acknowledge; give it the hold to learn that it
+			// must yield, from the members that hear it.
+			if now.Before(m.claimHold(p)) {
+				return false
+			}
+		default:
+			if a, ok := ackOf(p.msg.Acks, m.cfg.Self); ok && a.Incarnation == m.cfg.Incarnation {
+				return false // it hears this node: its acknowledgement comes
+			}
+		}
+	}
 	return true
+}
+
+// claimHold is when a claiming peer's hold ends for the current view.
+func (m *Machine[S]) claimHold(p *peer) time.Time {
+	return later(m.adopted, p.claimSince).Add(m.holdFor(p.msg.Node, m.now))
+}
+
+// Suspects returns the peers to probe now (see Status.Suspects).
+func (m *Machine[S]) Suspects() []uint32 {
+	var out []uint32
+	for _, id := range m.ids {
+		if m.peers[id].suspect {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // Status returns the current output. Accept is shared, not copied.
@@ -446,21 +846,23 @@ func (m *Machine[S]) Status() Status[S] {
 	st := Status[S]{
 		Version: m.version, Incarnation: m.cfg.Incarnation,
 		View: m.view, AdoptedAt: m.adopted, Converged: m.converged, Excluded: m.excluded,
-		Settled: m.settled, Lagging: m.lagging(m.selfBehind, m.now), NewestRules: m.newest,
-		Accept: m.accept, Deaths: m.deaths,
+		Settled: m.settled && !m.deaf, Deaf: m.deaf, Lagging: m.lagging(m.selfBehind, m.now), NewestRules: m.newest,
+		Released: m.released, Accept: m.accept, Deaths: m.deaths, Suspects: m.Suspects(),
 	}
 	var draining []Buckets
-	ids := make([]uint32, 0, len(m.registry))
-	for id := range m.registry {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		ps := PeerStatus{ID: id, Eligible: m.view.Has(id)}
-		if p := m.peers[id]; p != nil && p.msg != nil {
+	for _, id := range m.ids {
+		p := m.peers[id]
+		ps := PeerStatus{ID: id, Eligible: m.view.Has(id), Suspect: p.suspect}
+		if p.restartMsg != nil {
+			ps.Restarting, ps.RestartUntil = true, p.restartUntil
+		}
+		if p.msg != nil {
 			ps.Live, ps.LastHeard, ps.Lagging = p.live, p.lastHeard, m.lagging(p.behind, m.now)
-			ps.Incarnation, ps.Settled, ps.Admin, ps.Healthy = p.msg.Incarnation, p.msg.Settled, p.msg.Admin, p.msg.Healthy
+			ps.Incarnation, ps.Settled, ps.Leaving, ps.Admin, ps.Healthy = p.msg.Incarnation, p.msg.Settled, p.msg.Leaving, p.msg.Admin, p.msg.Healthy
 			ps.RulesIndex, ps.View, ps.Draining, ps.Counters = p.msg.RulesIndex, p.msg.View, p.msg.Draining, p.msg.Counters
+			if a, ok := ackOf(p.msg.Acks, m.cfg.Self); ok && a.Incarnation == m.cfg.Incarnation {
+				ps.Hears = true
+			}
 			if p.live {
 				draining = append(draining, p.msg.Draining)
 			}

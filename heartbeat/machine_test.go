@@ -2,6 +2,7 @@ package heartbeat
 
 import (
 	"errors"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -15,44 +16,71 @@ var t0 = time.Unix(1_700_000_000, 0)
 
 func at(periods float64) time.Time { return t0.Add(time.Duration(periods * float64(tP))) }
 
-// harness is one Machine over toySet with a counter of owned() calls.
+// harness is one Machine over toySet with a counter of owned() calls. The
+// peers' heartbeats it makes acknowledge the machine's last heartbeat and
+// every other peer.
 type harness struct {
 	t     *testing.T
 	m     *Machine[toySet]
+	self  uint32
+	peers []uint32
 	owned int
+	sent  uint64 // sequence of the machine's last heartbeat
 	seqs  map[uint32]uint64
 	incs  map[uint32]uint64
 	local Local
 }
 
+func hAddr(id uint32) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 0, byte(id)}), 7946)
+}
+
 func newHarness(t *testing.T, self uint32, peers ...uint32) *harness {
-	h := &harness{t: t, seqs: map[uint32]uint64{}, incs: map[uint32]uint64{}}
+	h := &harness{t: t, self: self, peers: peers, seqs: map[uint32]uint64{}, incs: map[uint32]uint64{}}
 	own := toyOwned(self)
-	m, err := NewMachine(Config{ClusterID: 1, Self: self, Key: simKey, Incarnation: 1, Period: tP, Tolerance: 5, Converge: 2, LagGrace: 10}, t0,
+	m, err := NewMachine(Config{ClusterID: 1, Self: self, Incarnation: 1, Period: tP, Tolerance: 6, LagGrace: 10}, t0,
 		func(v View) toySet { h.owned++; return own(v) }, toyIntersect)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.m = m
-	m.SetPeers(t0, append([]uint32{self}, peers...))
+	reg := map[uint32]netip.AddrPort{self: hAddr(self)}
+	for _, id := range peers {
+		reg[id] = hAddr(id)
+	}
+	m.SetPeers(t0, reg)
 	h.local = Local{Admin: Started, Healthy: true, RulesIndex: 5, Seed: 9}
 	m.SetLocal(t0, h.local)
 	return h
 }
 
-// hb is a heartbeat from peer id advertising view elig, started and healthy.
+// hb is a heartbeat from peer id advertising view elig, started and
+// healthy, hearing the machine and every other peer.
 func (h *harness) hb(id uint32, elig ...uint32) *Message {
 	h.seqs[id]++
 	if h.incs[id] == 0 {
 		h.incs[id] = 1
 	}
-	return &Message{ClusterID: 1, Node: id, Incarnation: h.incs[id], Seq: h.seqs[id], Admin: Started, Healthy: true, Settled: true,
+	msg := &Message{ClusterID: 1, Node: id, Incarnation: h.incs[id], Seq: h.seqs[id], Admin: Started, Healthy: true, Settled: true,
 		RulesIndex: 5, View: View{Eligible: elig, RulesIndex: 5, Seed: 9}}
+	for _, other := range append([]uint32{h.self}, h.peers...) {
+		switch {
+		case other == id:
+		case other == h.self:
+			if h.sent > 0 {
+				msg.Acks = append(msg.Acks, Ack{Node: other, Incarnation: 1, Seq: h.sent})
+			}
+		default:
+			msg.Acks = append(msg.Acks, Ack{Node: other, Incarnation: max(h.incs[other], 1), Seq: h.seqs[other]})
+		}
+	}
+	slices.SortFunc(msg.Acks, func(a, b Ack) int { return int(a.Node) - int(b.Node) })
+	return msg
 }
 
 func (h *harness) recv(now time.Time, msg *Message) {
 	h.t.Helper()
-	if err := h.m.Receive(now, msg); err != nil {
+	if err := h.m.Receive(now, msg, hAddr(msg.Node)); err != nil {
 		h.t.Fatalf("Receive(%d seq %d): %v", msg.Node, msg.Seq, err)
 	}
 }
@@ -61,14 +89,14 @@ func (h *harness) recv(now time.Time, msg *Message) {
 func (h *harness) step(now time.Time) {
 	h.m.Tick(now)
 	if !now.Before(h.m.NextSend()) {
-		h.m.Outgoing(now)
+		h.sent = h.m.Outgoing(now).Seq
 	}
 }
 
 // converge2 brings node 1 with peer 2 to a converged view {1,2}: returns the time.
 func converge2(h *harness) time.Time {
 	now := at(0)
-	for i := 0; i < 6; i++ {
+	for i := 0; i < 3; i++ {
 		now = at(float64(i))
 		h.recv(now.Add(time.Millisecond), h.hb(2, 1, 2))
 		h.step(now.Add(2 * time.Millisecond))
@@ -84,7 +112,7 @@ func TestConvergeAndAcquire(t *testing.T) {
 	now := converge2(h)
 	st := h.m.Status()
 	if !st.Converged || !slices.Equal(st.View.Eligible, []uint32{1, 2}) || toyCount(st.Accept) != 8 {
-		t.Fatalf("after 6 periods: view %v converged %v accept %d, want {1,2} converged 8", st.View.Eligible, st.Converged, toyCount(st.Accept))
+		t.Fatalf("after 3 periods: view %v converged %v accept %d, want {1,2} converged 8", st.View.Eligible, st.Converged, toyCount(st.Accept))
 	}
 	calls := h.owned
 	for i := 1; i <= 20; i++ {
@@ -96,57 +124,103 @@ func TestConvergeAndAcquire(t *testing.T) {
 	}
 }
 
-func TestNotConvergedUntilPeersAdvertiseK(t *testing.T) {
+// TestConvergesOnAcknowledgement: a member's advertisement of the view
+// counts only once it acknowledges a heartbeat sent after adoption; then
+// acquisition is immediate, no periods are waited.
+func TestConvergesOnAcknowledgement(t *testing.T) {
 	h := newHarness(t, 1, 2)
-	// Peer 2 is heard but advertises a view without node 1 first, then the
-	// right one; convergence needs K=2 matching heartbeats received a
-	// period after adoption.
-	h.recv(at(0.1), h.hb(2, 2))
+	h.recv(at(0.1), h.hb(2, 1, 2)) // settles; peer 2 does not hear us yet
+	if st := h.m.Status(); st.Converged || st.View.Has(2) {
+		t.Fatalf("peer not hearing us: converged %v view %v; want false, without it", st.Converged, st.View.Eligible)
+	}
 	h.step(at(0.2))
-	h.recv(at(1.1), h.hb(2, 2))
-	h.step(at(1.2))
-	if st := h.m.Status(); !st.Excluded || toyCount(st.Accept) != 0 {
-		t.Fatalf("peer leaves us out: excluded %v accept %d, want true 0", st.Excluded, toyCount(st.Accept))
+	h.recv(at(0.21), h.hb(2, 1, 2)) // hears us now: view {1,2}, acknowledging nothing sent in it
+	if st := h.m.Status(); st.Converged || !st.View.Has(2) || h.m.NextSend().After(at(0.21)) {
+		t.Fatalf("converged %v view %v next send %v; want false, {1,2}, at once", st.Converged, st.View.Eligible, h.m.NextSend())
 	}
-	h.recv(at(2.1), h.hb(2, 1, 2))
-	h.step(at(2.2))
-	if st := h.m.Status(); st.Converged {
-		t.Fatal("converged after one matching heartbeat")
+	h.step(at(0.22))
+	h.recv(at(0.23), h.hb(2, 2)) // acknowledges, but advertises another view
+	if st := h.m.Status(); st.Converged || !st.Excluded {
+		t.Fatalf("peer hears us and leaves us out: converged %v excluded %v, want false true", st.Converged, st.Excluded)
 	}
-	h.recv(at(3.1), h.hb(2, 1, 2))
-	h.step(at(3.2))
+	h.recv(at(0.24), h.hb(2, 1, 2))
 	if st := h.m.Status(); !st.Converged || toyCount(st.Accept) != 8 {
-		t.Fatalf("after two matching heartbeats: converged %v accept %d", st.Converged, toyCount(st.Accept))
+		t.Fatalf("acknowledged: converged %v accept %d, want true 8", st.Converged, toyCount(st.Accept))
 	}
 }
 
-func TestDeathReleasesNothingAcquiresAfterK(t *testing.T) {
+// TestRepliesAtOnce: a peer that adopts a view gets this node's
+// acknowledgement at once, within the burst limit.
+func TestRepliesAtOnce(t *testing.T) {
 	h := newHarness(t, 1, 2)
 	now := converge2(h)
-	// Peer 2 goes silent. It stays live for T periods, then dies.
-	last := now.Add(time.Millisecond)
-	h.step(last.Add(5 * tP))
-	if st := h.m.Status(); !st.Peers[0].Live {
-		t.Fatal("peer dead after exactly T periods; want more than T")
+	next := h.m.NextSend()
+	h.recv(now.Add(5*time.Millisecond), h.hb(2, 1, 2))
+	if !h.m.NextSend().Equal(next) {
+		t.Fatalf("a repeated view moved the next heartbeat from %v to %v", next, h.m.NextSend())
 	}
-	h.step(last.Add(5*tP + time.Millisecond))
-	st := h.m.Status()
-	if st.Peers[0].Live || !slices.Equal(st.View.Eligible, []uint32{1}) || st.Deaths != 1 {
-		t.Fatalf("after T periods silent: live %v view %v deaths %d", st.Peers[0].Live, st.View.Eligible, st.Deaths)
+	t1 := now.Add(6 * time.Millisecond)
+	h.recv(t1, h.hb(2, 2))
+	if !h.m.NextSend().Equal(t1) {
+		t.Fatalf("peer changed its view: next heartbeat %v, want at once (%v)", h.m.NextSend(), t1)
 	}
-	if toyCount(st.Accept) != 8 || st.Converged {
-		t.Fatalf("on the view change: accept %d converged %v; want the 8 it had, not converged", toyCount(st.Accept), st.Converged)
+	// Many changes in one period: at most sendBurst heartbeats go out.
+	sent := 0
+	for i := range 20 {
+		ti := t1.Add(time.Duration(i) * time.Millisecond)
+		if i%2 == 0 {
+			h.recv(ti, h.hb(2, 1, 2))
+		} else {
+			h.recv(ti, h.hb(2, 2))
+		}
+		if !ti.Before(h.m.NextSend()) {
+			h.sent = h.m.Outgoing(ti).Seq
+			sent++
+		}
 	}
-	adopted := st.AdoptedAt
-	for i := 0.0; i < 2; i += 0.25 {
-		h.step(adopted.Add(time.Duration(i * float64(tP))))
+	if budget := sendBurst + 1; sent > budget+1 {
+		t.Errorf("%d heartbeats in 20 ms, want at most %d a period", sent, budget+1)
 	}
-	if toyCount(h.m.Status().Accept) != 8 {
-		t.Fatal("acquired before K periods")
-	}
-	h.step(adopted.Add(2 * tP))
-	if st := h.m.Status(); !st.Converged || toyCount(st.Accept) != 16 {
-		t.Fatalf("K periods after: converged %v accept %d, want all 16", st.Converged, toyCount(st.Accept))
+}
+
+// TestDeathHold: a view that drops a silent peer is acted on only after
+// the hold (the peer may still be alive and not know), unless a probe
+// found the peer gone.
+func TestDeathHold(t *testing.T) {
+	for _, probed := range []bool{false, true} {
+		h := newHarness(t, 1, 2)
+		now := converge2(h)
+		last := now.Add(time.Millisecond)
+		if probed {
+			h.m.Probe(last.Add(4*tP), 2, false)
+		}
+		h.step(last.Add(6 * tP))
+		if st := h.m.Status(); !st.Peers[0].Live {
+			t.Fatal("peer dead after exactly T periods; want more than T")
+		}
+		died := last.Add(6*tP + time.Millisecond)
+		h.step(died)
+		st := h.m.Status()
+		if st.Peers[0].Live || !slices.Equal(st.View.Eligible, []uint32{1}) || st.Deaths != 1 {
+			t.Fatalf("probed=%v: after T periods silent: live %v view %v deaths %d", probed, st.Peers[0].Live, st.View.Eligible, st.Deaths)
+		}
+		if probed {
+			if toyCount(st.Accept) != 16 {
+				t.Errorf("probe found the peer gone: accept %d at once, want all 16", toyCount(st.Accept))
+			}
+			continue
+		}
+		if toyCount(st.Accept) != 8 || st.Converged {
+			t.Fatalf("on the view change: accept %d converged %v; want the 8 it had, not converged", toyCount(st.Accept), st.Converged)
+		}
+		h.step(died.Add(deathHold*tP - time.Millisecond))
+		if toyCount(h.m.Status().Accept) != 8 {
+			t.Fatal("acquired before the hold ended")
+		}
+		h.step(died.Add(deathHold * tP))
+		if st := h.m.Status(); !st.Converged || toyCount(st.Accept) != 16 {
+			t.Fatalf("after the hold: converged %v accept %d, want all 16", st.Converged, toyCount(st.Accept))
+		}
 	}
 }
 
@@ -182,21 +256,71 @@ func TestRejectsStaleAndUnknown(t *testing.T) {
 	tests := []struct {
 		name string
 		msg  *Message
+		from netip.AddrPort
 		want error
 	}{
-		{"replay", m1, ErrStale},
-		{"older seq", &Message{ClusterID: 1, Node: 2, Incarnation: 1, Seq: 0}, ErrStale},
-		{"older incarnation while live", &Message{ClusterID: 1, Node: 2, Incarnation: 0, Seq: 50}, ErrStale},
-		{"unregistered", &Message{ClusterID: 1, Node: 3, Incarnation: 1, Seq: 1}, ErrUnknownNode},
-		{"own id", &Message{ClusterID: 1, Node: 1, Incarnation: 2, Seq: 1}, ErrSelf},
-		{"other cluster", &Message{ClusterID: 2, Node: 2, Incarnation: 1, Seq: 9}, ErrForeignCluster},
+		{"replay", m1, hAddr(2), ErrStale},
+		{"older seq", &Message{ClusterID: 1, Node: 2, Incarnation: 1, Seq: 0}, hAddr(2), ErrStale},
+		{"older incarnation", &Message{ClusterID: 1, Node: 2, Incarnation: 0, Seq: 50}, hAddr(2), ErrOldIncarnation},
+		{"other address", &Message{ClusterID: 1, Node: 2, Incarnation: 1, Seq: 50}, hAddr(3), ErrWrongAddress},
+		{"other port", &Message{ClusterID: 1, Node: 2, Incarnation: 1, Seq: 50}, netip.AddrPortFrom(hAddr(2).Addr(), 7947), ErrWrongAddress},
+		{"unregistered", &Message{ClusterID: 1, Node: 3, Incarnation: 1, Seq: 1}, hAddr(3), ErrUnknownNode},
+		{"own id", &Message{ClusterID: 1, Node: 1, Incarnation: 2, Seq: 1}, hAddr(1), ErrSelf},
+		{"other cluster", &Message{ClusterID: 2, Node: 2, Incarnation: 1, Seq: 9}, hAddr(2), ErrForeignCluster},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := h.m.Receive(at(0.2), tt.msg); !errors.Is(err, tt.want) {
+			v := h.m.Version()
+			if err := h.m.Receive(at(0.2), tt.msg, tt.from); !errors.Is(err, tt.want) {
 				t.Errorf("Receive = %v, want %v", err, tt.want)
 			}
+			if h.m.Version() != v {
+				t.Error("a rejected heartbeat changed the status")
+			}
 		})
+	}
+	// The same address as an IPv4-mapped IPv6 one is that address.
+	mapped := netip.AddrPortFrom(netip.AddrFrom16(hAddr(2).Addr().As16()), 7946)
+	if err := h.m.Receive(at(0.3), h.hb(2, 1, 2), mapped); err != nil {
+		t.Errorf("from %v: %v", mapped, err)
+	}
+}
+
+// TestReplayAfterDeath: once a peer is dead, no captured heartbeat of it,
+// of any incarnation, brings it back; only a newer sequence number or
+// incarnation does.
+func TestReplayAfterDeath(t *testing.T) {
+	h := newHarness(t, 1, 2)
+	var captured []*Message
+	now := at(0)
+	h.incs[2] = 3
+	for i := range 3 {
+		now = at(float64(i))
+		msg := h.hb(2, 1, 2)
+		captured = append(captured, msg)
+		h.recv(now.Add(time.Millisecond), msg)
+		h.step(now.Add(2 * time.Millisecond))
+	}
+	old := &Message{ClusterID: 1, Node: 2, Incarnation: 2, Seq: 1000, Admin: Started, Healthy: true, Settled: true, View: View{Eligible: []uint32{1, 2}, RulesIndex: 5, Seed: 9}}
+	captured = append(captured, old)
+	dead := now.Add(7 * tP)
+	h.step(dead)
+	if h.m.Status().Peers[0].Live {
+		t.Fatal("peer 2 still live after T silent periods")
+	}
+	for _, msg := range captured {
+		if err := h.m.Receive(dead.Add(time.Millisecond), msg, hAddr(2)); err == nil {
+			t.Errorf("replay of incarnation %d seq %d accepted after death", msg.Incarnation, msg.Seq)
+		}
+	}
+	if st := h.m.Status(); st.Peers[0].Live || st.View.Has(2) {
+		t.Fatalf("replays revived the peer: live %v view %v", st.Peers[0].Live, st.View.Eligible)
+	}
+	h.incs[2] = 4
+	h.seqs[2] = 0
+	h.recv(dead.Add(2*time.Millisecond), h.hb(2, 1, 2))
+	if !h.m.Status().Peers[0].Live {
+		t.Error("a newer incarnation was not taken")
 	}
 }
 
@@ -246,15 +370,21 @@ func TestNotSettledUntilPeersHeard(t *testing.T) {
 		t.Fatal("settled before hearing peer 3")
 	}
 	h.recv(at(0.6), h.hb(3, 3))
-	if st := h.m.Status(); !st.Settled || !st.View.Has(1) {
-		t.Fatalf("after hearing everyone: settled %v view %v", st.Settled, st.View.Eligible)
+	if st := h.m.Status(); !st.Settled {
+		t.Fatal("not settled after hearing everyone")
+	}
+	h.step(at(0.7))
+	h.recv(at(0.8), h.hb(2, 1, 2, 3))
+	h.recv(at(0.8), h.hb(3, 1, 2, 3))
+	if st := h.m.Status(); !st.View.Has(1) {
+		t.Fatalf("heard by everyone: view %v, want this node in it", st.View.Eligible)
 	}
 	g := newHarness(t, 1, 2)
-	g.step(at(4.9))
+	g.step(at(5.9))
 	if g.m.Status().Settled {
 		t.Fatal("settled alone before T periods")
 	}
-	g.step(at(5))
+	g.step(at(6))
 	if !g.m.Status().Settled {
 		t.Fatal("not settled after T periods")
 	}
@@ -291,10 +421,10 @@ func TestConfigValidate(t *testing.T) {
 		cfg  Config
 		ok   bool
 	}{
-		{"defaults", Config{Self: 1, Key: simKey}, true},
-		{"no self", Config{Key: simKey}, false},
-		{"short key", Config{Self: 1, Key: simKey[:16]}, false},
-		{"tolerance 1", Config{Self: 1, Key: simKey, Tolerance: 1}, false},
+		{"defaults", Config{Self: 1, Incarnation: 1}, true},
+		{"no self", Config{Incarnation: 1}, false},
+		{"no incarnation", Config{Self: 1}, false},
+		{"tolerance 1", Config{Self: 1, Incarnation: 1, Tolerance: 1}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,14 +63,9 @@ func (r *Runner[S]) SetLocal(l Local) {
 // SetPeers sets the node registry and where each peer listens (this node's
 // own entry, if present, is skipped). The map is kept, not copied.
 func (r *Runner[S]) SetPeers(peers map[uint32]netip.AddrPort) {
-	ids := make([]uint32, 0, len(peers))
-	for id := range peers {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
 	r.mu.Lock()
 	r.peers = peers
-	r.m.SetPeers(r.now(), ids)
+	r.m.SetPeers(r.now(), peers)
 	r.publishLocked()
 	r.mu.Unlock()
 	r.poke()
@@ -104,7 +98,7 @@ func (r *Runner[S]) Run(ctx context.Context) error {
 		recvErr <- r.t.Serve(func(msg *Message, from netip.AddrPort) {
 			r.mu.Lock()
 			now := r.now()
-			err := r.m.Receive(now, msg)
+			err := r.m.Receive(now, msg, from)
 			// Wake the loop only if the machine now needs it sooner (a
 			// view change makes the next heartbeat due at once).
 			due := r.m.Wake().Before(r.sleepUntil)

@@ -10,6 +10,8 @@ import (
 
 var simRuns = flag.Int("simruns", 0, "random simulator runs per delay class (0: the default for the test)")
 
+var simLarge = flag.Bool("simlarge", false, "also simulate 32- and 64-node clusters (slow)")
+
 // delayClass sets the links' one-way delay for a random run.
 type delayClass struct {
 	name     string
@@ -91,8 +93,7 @@ func (s *sim) faultPlan(from, to time.Duration, faults int) (last time.Duration,
 				}
 				s.at(t, func() {
 					for k := range n {
-						s.cutLink(i, k, d)
-						s.cutLink(k, i, d)
+						s.cutCable(i, k, d)
 					}
 				})
 				t += 50*time.Millisecond + time.Duration(rng.Int64N(int64(450*time.Millisecond)))
@@ -102,8 +103,7 @@ func (s *sim) faultPlan(from, to time.Duration, faults int) (last time.Duration,
 				if t >= end { // always end connected
 					s.at(t, func() {
 						for k := range n {
-							s.cutLink(i, k, -1)
-							s.cutLink(k, i, -1)
+							s.cutCable(i, k, -1)
 						}
 					})
 					last = max(last, t)
@@ -124,8 +124,8 @@ func (s *sim) faultPlan(from, to time.Duration, faults int) (last time.Duration,
 func (s *sim) eachCross(side []bool, d int) {
 	for i := range side {
 		for j := range side {
-			if side[i] != side[j] {
-				s.cutLink(i, j, d)
+			if i < j && side[i] != side[j] {
+				s.cutCable(i, j, d)
 			}
 		}
 	}

@@ -23,6 +23,19 @@ var simEpoch = time.Unix(1_000_000_000, 0)
 
 var simKey = []byte("0123456789abcdef0123456789abcdef")
 
+var simRing = mustKeyring(simKey)
+
+// otherRing holds another key: its heartbeats are not accepted under simRing.
+var otherRing = mustKeyring([]byte("fedcba9876543210fedcba9876543210"))
+
+func mustKeyring(key []byte) *Keyring {
+	k, err := NewKeyring(key)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
 // simConfig is a filter config with n nodes and two multiple-host rules
 // (plus the implicit default rule).
 func simConfig(n int) *filter.Config {
@@ -171,13 +184,21 @@ type sim struct {
 	nodes    []*simNode
 	links    [][]simLink // [from][to]
 	codec    bool
-	healWait [][]bool // [from][to]: to has not heard from since a full cut between them ended
+	healWait [][]bool // [from][to]: to has not heard from hear it since a full cut between them ended
+	healAt   [][]seen // [to][from]: to's incarnation and sequence when that cut ended
 	// scheduled [from][to] is the last sequence from sent to to that was
 	// not dropped (it arrived or is in flight).
 	scheduled [][]uint64
 	viol      []violation
 	maxDelay  time.Duration // largest one-way delay drawn
 	trace     func(string)
+	// Probes: the second channel (a TCP connection to the peer API). It
+	// works unless the node is down or a cable fault cuts the pair
+	// (probeCuts); heartbeat-only faults leave it alone. noProbes turns
+	// probing off, as for an agent that does not probe.
+	noProbes  bool
+	probeCuts [][]int
+	probing   [][]bool // [i][j]: i's probe of j is in flight
 	// onAccept, when set, is called after a node's accepting set changes.
 	onAccept func(n *simNode)
 }
@@ -186,11 +207,17 @@ func newSim(t testing.TB, n int, cfg Config, seed uint64) *sim {
 	s := &sim{t: t, cfg: cfg.WithDefaults(), fcfg: simConfig(n), rng: rand.New(rand.NewPCG(seed, 0x5eed)), now: simEpoch, codec: n <= 8}
 	s.links = make([][]simLink, n)
 	s.healWait = make([][]bool, n)
+	s.healAt = make([][]seen, n)
 	s.scheduled = make([][]uint64, n)
+	s.probeCuts = make([][]int, n)
+	s.probing = make([][]bool, n)
 	for i := range n {
+		s.probeCuts[i] = make([]int, n)
+		s.probing[i] = make([]bool, n)
 		s.scheduled[i] = make([]uint64, n)
 		s.links[i] = make([]simLink, n)
 		s.healWait[i] = make([]bool, n)
+		s.healAt[i] = make([]seen, n)
 		for j := range n {
 			s.links[i][j] = simLink{delay: 100 * time.Microsecond, jitter: 50 * time.Microsecond}
 		}
@@ -212,12 +239,17 @@ func (s *sim) at(d time.Duration, fn func()) {
 	s.push(&simEvent{at: simEpoch.Add(d), kind: evFunc, fn: fn})
 }
 
-func (s *sim) peerIDs() []uint32 {
-	ids := make([]uint32, len(s.nodes))
-	for i := range ids {
-		ids[i] = uint32(i + 1)
+// addr is node i's heartbeat address.
+func (s *sim) addr(i int) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i + 1)}), 7946)
+}
+
+func (s *sim) registry() map[uint32]netip.AddrPort {
+	reg := make(map[uint32]netip.AddrPort, len(s.nodes))
+	for i := range s.nodes {
+		reg[uint32(i+1)] = s.addr(i)
 	}
-	return ids
+	return reg
 }
 
 // boot starts (or restarts) node i with a fresh incarnation.
@@ -225,13 +257,13 @@ func (s *sim) boot(i int) {
 	n := s.nodes[i]
 	n.boots++
 	c := s.cfg
-	c.Self, c.Key = n.id, simKey
-	c.Incarnation = uint64(s.now.UnixNano())*16 + uint64(n.boots)
+	c.Self = n.id
+	c.Incarnation = uint64(n.boots) // as LoadIncarnation: one more per start
 	m, err := NewMachine(c, s.now, ownedFunc(s.fcfg, n.id), intersectSets)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	m.SetPeers(s.now, s.peerIDs())
+	m.SetPeers(s.now, s.registry())
 	m.SetLocal(s.now, Local{Admin: Started, Healthy: true, RulesIndex: 7, Seed: s.fcfg.Seed})
 	n.m, n.up, n.accept, n.excludedAt = m, true, nil, time.Time{}
 	n.wakeAt = time.Time{}
@@ -263,7 +295,7 @@ func (s *sim) send(i int, msg *Message) {
 	var wire []byte
 	if s.codec {
 		var err error
-		if wire, err = Encode(msg, simKey); err != nil {
+		if wire, err = Encode(msg, simRing); err != nil {
 			s.t.Fatal(err)
 		}
 	}
@@ -316,13 +348,17 @@ func (s *sim) run(until time.Duration) {
 			msg := e.msg
 			if e.wire != nil {
 				var err error
-				if msg, err = Decode(e.wire, simKey, s.cfg.ClusterID); err != nil {
+				if msg, err = Decode(e.wire, simRing, s.cfg.ClusterID); err != nil {
 					s.t.Fatalf("decode: %v", err)
 				}
 			}
-			err := n.m.Receive(s.now, msg)
+			err := n.m.Receive(s.now, msg, s.addr(e.from))
 			s.after(e.node)
-			if err == nil && s.healWait[e.from][e.node] {
+			// A cut heals for a pair once each has heard the other hear it
+			// (a heartbeat that acknowledges one sent after the heal):
+			// until then both may own.
+			if a, ok := ackOf(msg.Acks, n.id); err == nil && s.healWait[e.from][e.node] && ok && a.Incarnation == n.m.cfg.Incarnation &&
+				(a.Incarnation != s.healAt[e.node][e.from].inc || a.Seq > s.healAt[e.node][e.from].seq) {
 				s.healWait[e.from][e.node] = false
 				if !s.healWait[e.node][e.from] {
 					s.checkPair(e.node, e.from)
@@ -352,7 +388,57 @@ func (s *sim) after(i int) {
 			s.onAccept(n)
 		}
 	}
+	if !s.noProbes {
+		for _, id := range n.m.Suspects() {
+			s.probe(i, int(id-1))
+		}
+	}
 	s.schedule(i)
+}
+
+// probe starts node i's probe of node j: the answer comes a round trip
+// later when j is up and reachable, or after a timeout that ends before j
+// would die.
+func (s *sim) probe(i, j int) {
+	if s.probing[i][j] {
+		return
+	}
+	s.probing[i][j] = true
+	boots := s.nodes[i].boots
+	d := 2*s.links[i][j].delay + 100*time.Microsecond
+	alive := s.nodes[j].up && s.probeCuts[i][j] == 0
+	if !alive {
+		d = time.Duration(s.cfg.Tolerance/2-1) * s.cfg.Period
+	}
+	s.push(&simEvent{at: s.now.Add(d), kind: evFunc, fn: func() {
+		s.probing[i][j] = false
+		n := s.nodes[i]
+		if !n.up || n.boots != boots {
+			return
+		}
+		n.m.Probe(s.now, uint32(j+1), s.nodes[j].up && s.probeCuts[i][j] == 0)
+		s.after(i)
+	}})
+}
+
+// cutCable cuts (+1) or restores (-1) everything between i and j, both
+// ways: heartbeats and probes.
+func (s *sim) cutCable(i, j, delta int) {
+	if i == j {
+		return
+	}
+	s.cutLink(i, j, delta)
+	s.cutLink(j, i, delta)
+	s.probeCuts[i][j] += delta
+	s.probeCuts[j][i] += delta
+}
+
+// position is node i's incarnation and last sequence number sent.
+func (s *sim) position(i int) seen {
+	if n := s.nodes[i]; n.up {
+		return seen{n.m.cfg.Incarnation, n.m.seq}
+	}
+	return seen{}
 }
 
 // cutOff reports whether i and j share no traffic: a full partition between
@@ -388,7 +474,9 @@ func (s *sim) cutLink(i, j, delta int) {
 	l.cuts += delta
 	l.cut = l.cuts > 0
 	if wasFull && !l.cut {
-		s.healWait[i][j] = true
+		// Both ways: neither side has heard the other hear it yet.
+		s.healWait[i][j], s.healWait[j][i] = true, true
+		s.healAt[i][j], s.healAt[j][i] = s.position(i), s.position(j)
 	}
 	if !wasFull && l.cut && s.links[j][i].cut {
 		// A full cut starts: any pending heal is moot.

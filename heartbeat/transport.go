@@ -25,25 +25,34 @@ type Stats struct {
 type Transport struct {
 	conn      net.PacketConn
 	clusterID uint32
-	key       []byte
+	keys      atomic.Pointer[Keyring]
 
 	sent, sendErrors, received, accepted atomic.Uint64
 	rejected                             [NumReasons]atomic.Uint64
 }
 
 // Listen opens a UDP socket on addr ("host:port"; port 0 picks one).
-func Listen(addr string, clusterID uint32, key []byte) (*Transport, error) {
+func Listen(addr string, clusterID uint32, kr *Keyring) (*Transport, error) {
 	conn, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for heartbeats on %s: %w", addr, err)
 	}
-	return New(conn, clusterID, key), nil
+	return New(conn, clusterID, kr), nil
 }
 
 // New wraps an open PacketConn.
-func New(conn net.PacketConn, clusterID uint32, key []byte) *Transport {
-	return &Transport{conn: conn, clusterID: clusterID, key: key}
+func New(conn net.PacketConn, clusterID uint32, kr *Keyring) *Transport {
+	t := &Transport{conn: conn, clusterID: clusterID}
+	t.keys.Store(kr)
+	return t
 }
+
+// SetKeyring makes kr the keys heartbeats are signed (with its primary) and
+// accepted with, from the next one on. Safe while Send and Serve run.
+func (t *Transport) SetKeyring(kr *Keyring) { t.keys.Store(kr) }
+
+// Keyring returns the keys in use.
+func (t *Transport) Keyring() *Keyring { return t.keys.Load() }
 
 // LocalAddr is the address heartbeats are received on.
 func (t *Transport) LocalAddr() net.Addr { return t.conn.LocalAddr() }
@@ -53,7 +62,7 @@ func (t *Transport) Close() error { return t.conn.Close() }
 
 // Send encodes msg once and sends it to every address.
 func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
-	b, err := Encode(msg, t.key)
+	b, err := Encode(msg, t.keys.Load())
 	if err != nil {
 		return err
 	}
@@ -70,7 +79,9 @@ func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
 }
 
 // Serve reads heartbeats until the socket is closed, counts the rejected
-// ones and calls handle with each valid one. It returns nil once closed.
+// ones and calls handle with each valid one and the address it came from
+// (pass both to Machine.Receive, which checks that address). It returns nil
+// once closed.
 func (t *Transport) Serve(handle func(msg *Message, from netip.AddrPort)) error {
 	buf := make([]byte, MaxMessageSize+1) // one more, to see oversized datagrams
 	for {
@@ -82,7 +93,7 @@ func (t *Transport) Serve(handle func(msg *Message, from netip.AddrPort)) error 
 			return fmt.Errorf("read heartbeat: %w", err)
 		}
 		t.received.Add(1)
-		msg, err := Decode(buf[:n], t.key, t.clusterID)
+		msg, err := Decode(buf[:n], t.keys.Load(), t.clusterID)
 		if err != nil {
 			t.Reject(ReasonOf(err))
 			continue

@@ -64,7 +64,7 @@ func TestRunnersOnLoopback(t *testing.T) {
 	var cancels [2]context.CancelFunc
 	var done [2]chan error
 	for i := range trs {
-		tr, err := Listen("127.0.0.1:0", cluster, simKey)
+		tr, err := Listen("127.0.0.1:0", cluster, simRing)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +76,7 @@ func TestRunnersOnLoopback(t *testing.T) {
 	}
 	for i := range trs {
 		id := uint32(i + 1)
-		m, err := NewMachine(Config{ClusterID: cluster, Self: id, Key: simKey, Period: 20 * time.Millisecond, Tolerance: 10}, time.Now(), toyOwned(id), toyIntersect)
+		m, err := NewMachine(Config{ClusterID: cluster, Self: id, Incarnation: 1, Period: 20 * time.Millisecond, Tolerance: 10}, time.Now(), toyOwned(id), toyIntersect)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,15 +126,17 @@ func TestRunnersOnLoopback(t *testing.T) {
 // TestTransportCountsRejects sends bad datagrams and a valid one from an
 // unregistered node, and checks each is counted under its reason.
 func TestTransportCountsRejects(t *testing.T) {
-	tr, err := Listen("127.0.0.1:0", 7, simKey)
+	tr, err := Listen("127.0.0.1:0", 7, simRing)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewMachine(Config{ClusterID: 7, Self: 1, Key: simKey}, time.Now(), toyOwned(1), toyIntersect)
+	m, err := NewMachine(Config{ClusterID: 7, Self: 1, Incarnation: 1}, time.Now(), toyOwned(1), toyIntersect)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := NewRunner(m, tr, nil)
+	// Node 9 is registered elsewhere: its heartbeats from here are not its.
+	r.SetPeers(map[uint32]netip.AddrPort{9: netip.MustParseAddrPort("127.0.0.1:1")})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -145,17 +147,19 @@ func TestTransportCountsRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	good, _ := Encode(&Message{ClusterID: 7, Node: 9, Seq: 1}, simKey)
-	foreign, _ := Encode(&Message{ClusterID: 8, Node: 9, Seq: 1}, simKey)
+	good, _ := Encode(&Message{ClusterID: 7, Node: 9, Incarnation: 1, Seq: 1}, simRing)
+	unknown, _ := Encode(&Message{ClusterID: 7, Node: 10, Incarnation: 1, Seq: 1}, simRing)
+	foreign, _ := Encode(&Message{ClusterID: 8, Node: 9, Seq: 1}, simRing)
+	otherKey, _ := Encode(&Message{ClusterID: 7, Node: 9, Incarnation: 1, Seq: 2}, otherRing)
 	badMAC := append([]byte(nil), good...)
 	badMAC[len(badMAC)-1] ^= 1
-	for _, b := range [][]byte{{1, 2, 3}, foreign, badMAC, good} {
+	for _, b := range [][]byte{{1, 2, 3}, foreign, badMAC, good, unknown, otherKey} {
 		if _, err := c.Write(b); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want := map[Reason]uint64{ReasonTruncated: 1, ReasonForeignCluster: 1, ReasonBadMAC: 1, ReasonUnknownNode: 1}
-	waitFor(t, "four rejections counted by reason", 5*time.Second, func() bool {
+	want := map[Reason]uint64{ReasonTruncated: 1, ReasonForeignCluster: 1, ReasonBadMAC: 1, ReasonWrongAddress: 1, ReasonUnknownNode: 1, ReasonUnknownKey: 1}
+	waitFor(t, "six rejections counted by reason", 5*time.Second, func() bool {
 		s := r.Stats()
 		for reason, n := range want {
 			if s.Rejected[reason] != n {

@@ -1,0 +1,111 @@
+package heartbeat
+
+import (
+	"slices"
+	"time"
+)
+
+// Reachability. Every heartbeat lists the peers its sender hears (its
+// acks). From its own hearing and the lists of the peers it hears, a node
+// knows, for every pair of eligible nodes, whether each hears the other. Two
+// nodes that do not both hear each other cannot both be in a view: of such a
+// pair the rule below removes one, deterministically, so that every node
+// with the same reports computes the same view. It removes the node with
+// the most broken links among those left, then the one that fails to hear
+// more nodes that hear it (a deaf side), then the higher id; and again until
+// every pair left hears each other. For the faults one meets (a link cut one
+// or both ways, a deaf or mute node, a few links) that leaves a largest
+// group of mutually hearing nodes.
+
+// reachCache remembers the last computation: recompute runs on every tick.
+type reachCache struct {
+	valid   bool
+	version uint64
+	in, out []uint32
+}
+
+// mutual returns the largest group of elig (sorted) in which every pair
+// hears each other, chosen as described above.
+func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
+	if c := &m.reach; c.valid && c.version == m.version && slices.Equal(c.in, elig) {
+		return c.out
+	}
+	n := len(elig)
+	hears := make([]bool, n*n) // hears[i*n+j]: elig[i] hears elig[j]
+	broken := false
+	for i, a := range elig {
+		for j, b := range elig {
+			if i != j {
+				hears[i*n+j] = m.hears(a, b, now)
+			}
+		}
+	}
+	for i := range n {
+		for j := i + 1; j < n; j++ {
+			broken = broken || !hears[i*n+j] || !hears[j*n+i]
+		}
+	}
+	out := elig
+	if broken {
+		left := make([]bool, n)
+		for i := range left {
+			left[i] = true
+		}
+		for {
+			worst, wb, wd := -1, 0, 0
+			for i := range n {
+				if !left[i] {
+					continue
+				}
+				b, d := 0, 0
+				for j := range n {
+					if j == i || !left[j] {
+						continue
+					}
+					if !hears[i*n+j] || !hears[j*n+i] {
+						b++
+					}
+					if hears[j*n+i] && !hears[i*n+j] {
+						d++
+					}
+				}
+				// Ties go to the later (higher) id.
+				if b > 0 && (b > wb || (b == wb && d >= wd)) {
+					worst, wb, wd = i, b, d
+				}
+			}
+			if worst < 0 {
+				break
+			}
+			left[worst] = false
+		}
+		out = nil
+		for i, id := range elig {
+			if left[i] {
+				out = append(out, id)
+			}
+		}
+	}
+	m.reach = reachCache{valid: true, version: m.version, in: elig, out: out}
+	return out
+}
+
+// hears reports whether node a hears node b, as far as this node knows: its
+// own hearing for itself, the last heartbeat's acks for a peer. A peer kept
+// through a restart window is taken to hear and be heard.
+func (m *Machine[S]) hears(a, b uint32, now time.Time) bool {
+	self := m.cfg.Self
+	pa, pb := m.peers[a], m.peers[b]
+	if (pa != nil && m.kept(pa, now)) || (pb != nil && m.kept(pb, now)) {
+		return true
+	}
+	if a == self {
+		return pb.live
+	}
+	inc := m.cfg.Incarnation
+	if b != self {
+		inc = m.seen[b].inc
+	}
+	ack, ok := ackOf(pa.msg.Acks, b)
+	return ok && ack.Incarnation == inc
+}
