@@ -158,7 +158,11 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	cleanup(h.stop)
 
 	// Membership.
-	a.link, err = heartbeat.Listen(cfg.HeartbeatAddr, a.rstate.Settings.ClusterID, key)
+	keys, err := heartbeat.NewKeyring(key)
+	if err != nil {
+		return fmt.Errorf("heartbeat key: %w", err)
+	}
+	a.link, err = heartbeat.Listen(cfg.HeartbeatAddr, a.rstate.Settings.ClusterID, keys)
 	if err != nil {
 		return fmt.Errorf("heartbeat socket: %w", err)
 	}
@@ -266,8 +270,12 @@ func (a *Agent) awaitRegistration(ctx context.Context) error {
 // it takes anything.
 func (a *Agent) newMachine(now time.Time) error {
 	st := a.rstate
+	inc, err := heartbeat.LoadIncarnation(a.cfg.DataDir)
+	if err != nil {
+		return err
+	}
 	m, err := heartbeat.NewMachine(heartbeat.Config{
-		ClusterID: st.Settings.ClusterID, Self: uint32(a.self), Key: a.key,
+		ClusterID: st.Settings.ClusterID, Self: uint32(a.self), Incarnation: inc,
 		Period: st.Settings.HeartbeatPeriod, Tolerance: st.Settings.HeartbeatTolerance,
 	}.WithDefaults(), now, a.owned, filter.Grant.Intersect)
 	if err != nil {
@@ -293,11 +301,12 @@ func (a *Agent) owned(v heartbeat.View) filter.Grant {
 // applyRules feeds a new rules state to the machine. Call with a.mu held.
 func (a *Agent) applyRules(now time.Time, st *rules.State) {
 	a.rstate, a.fcfg = st, st.FilterConfig()
-	peers := make([]uint32, 0, len(st.Nodes))
+	peers := make(map[uint32]netip.AddrPort, len(st.Nodes))
 	for _, n := range st.Nodes {
-		if n.ID != a.self {
-			peers = append(peers, uint32(n.ID))
-		}
+		// An unparsable address stays registered, and its heartbeats are
+		// dropped as coming from the wrong address.
+		ap, _ := netip.ParseAddrPort(n.HeartbeatAddr)
+		peers[uint32(n.ID)] = ap
 	}
 	a.machine.SetPeers(now, peers)
 	if a.host != nil {
@@ -384,10 +393,14 @@ func (a *Agent) loop(ctx context.Context) error {
 	a.mu.Lock()
 	a.applyRules(time.Now(), a.store.State())
 	a.mu.Unlock()
-	msgs := make(chan *heartbeat.Message, 256)
-	go a.link.Serve(func(m *heartbeat.Message, _ netip.AddrPort) {
+	type received struct {
+		msg  *heartbeat.Message
+		from netip.AddrPort
+	}
+	msgs := make(chan received, 256)
+	go a.link.Serve(func(m *heartbeat.Message, from netip.AddrPort) {
 		select {
-		case msgs <- m:
+		case msgs <- received{m, from}:
 		case <-ctx.Done():
 		}
 	})
@@ -399,10 +412,10 @@ func (a *Agent) loop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case msg := <-msgs:
+		case r := <-msgs:
 			a.mu.Lock()
 			if !a.plugged {
-				if err := a.machine.Receive(time.Now(), msg); err != nil {
+				if err := a.machine.Receive(time.Now(), r.msg, r.from); err != nil {
 					a.link.Reject(heartbeat.ReasonOf(err))
 				}
 			}
