@@ -808,6 +808,8 @@ func (m *Machine[S]) isConverged(now time.Time) bool {
 			continue
 		}
 		switch {
+		case p.msg.Leaving:
+			// It takes nothing again in this incarnation.
 		case !p.msg.Settled && !p.msg.Deaf:
 			return false // it will hear this node, or settle
 		case !p.claimSince.IsZero():

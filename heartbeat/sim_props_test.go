@@ -21,9 +21,9 @@ type delayClass struct {
 }
 
 var delayClasses = []delayClass{
-	{"lan", func(time.Duration) time.Duration { return time.Millisecond }, 600, true},
-	{"slow", func(p time.Duration) time.Duration { return p * 9 / 10 }, 400, true},
-	{"late", func(p time.Duration) time.Duration { return 3 * p }, 200, false},
+	{"lan", func(time.Duration) time.Duration { return time.Millisecond }, 300, true},
+	{"slow", func(p time.Duration) time.Duration { return p * 9 / 10 }, 200, true},
+	{"late", func(p time.Duration) time.Duration { return 3 * p }, 100, false},
 }
 
 // faultPlan schedules random faults in [from, to) and returns when the last
