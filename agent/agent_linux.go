@@ -101,13 +101,14 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	period, tolerance := cfg.BootstrapHeartbeat()
 	a.store, err = rules.Open(rules.StoreConfig{
 		NodeName: cfg.NodeName, DataDir: cfg.DataDir, RaftBind: cfg.RaftAddr,
 		HeartbeatAddr: cfg.HeartbeatAddr, APIAddr: cfg.PeerAddr, Key: key,
 		TLS: a.sec.certs, Refusals: a.sec.refusals,
 		Bootstrap: cfg.Bootstrap, Logger: log,
-		HeartbeatPeriod:    cmp.Or(cfg.HeartbeatPeriod, heartbeat.DefaultPeriod),
-		HeartbeatTolerance: heartbeat.DefaultTolerance,
+		HeartbeatPeriod:    period,
+		HeartbeatTolerance: tolerance,
 	})
 	if err != nil {
 		return err

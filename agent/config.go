@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -34,8 +36,12 @@ type Config struct {
 	Bootstrap       bool          `yaml:"bootstrap"`
 	Join            []string      `yaml:"join"`
 	HeartbeatPeriod time.Duration `yaml:"heartbeat_period"` // a new cluster's heartbeat period (bootstrap only)
-	Health          HealthConfig  `yaml:"health"`
-	TLS             TLSConfig     `yaml:"tls"`
+	// Profile picks a new cluster's heartbeat settings (bootstrap only):
+	// "default", or "fast" (heartbeat.FastProfile); heartbeat_period, when
+	// set, overrides the profile's period.
+	Profile string       `yaml:"profile"`
+	Health  HealthConfig `yaml:"health"`
+	TLS     TLSConfig    `yaml:"tls"`
 	// Drills enables the drill endpoint of the peer API (pulling this
 	// node's virtual plug from `shoal drill`); off by default.
 	Drills bool `yaml:"drills"`
@@ -79,6 +85,17 @@ func (l *VIPList) UnmarshalYAML(n *yaml.Node) error {
 		*l = append(*l, a)
 	}
 	return nil
+}
+
+// BootstrapHeartbeat returns the heartbeat period and tolerance a new
+// cluster starts with: the profile's, the period overridden by
+// heartbeat_period when set.
+func (c *Config) BootstrapHeartbeat() (time.Duration, int) {
+	period, tolerance := heartbeat.DefaultPeriod, heartbeat.DefaultTolerance
+	if c.Profile == "fast" {
+		period, tolerance = heartbeat.FastProfile.Period, heartbeat.FastProfile.Tolerance
+	}
+	return cmp.Or(c.HeartbeatPeriod, period), tolerance
 }
 
 // DefaultSocket is where the local control API listens.
@@ -175,6 +192,7 @@ func (c *Config) fields() []field {
 			c.HeartbeatPeriod = d
 			return err
 		}},
+		{"profile", str(&c.Profile)},
 		{"tls_ca_file", str(&c.TLS.CAFile)},
 		{"tls_cert_file", str(&c.TLS.CertFile)},
 		{"tls_key_file", str(&c.TLS.KeyFile)},
@@ -253,6 +271,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatPeriod < 0 || (c.HeartbeatPeriod > 0 && c.HeartbeatPeriod < 10*time.Millisecond) {
 		bad("heartbeat_period", "%s is too short (10ms at least)", c.HeartbeatPeriod)
+	}
+	if c.Profile != "" && c.Profile != "default" && c.Profile != "fast" {
+		bad("profile", "%q is not a profile: want default or fast", c.Profile)
 	}
 	if h.URL != "" && h.TCP != "" {
 		bad("health", "set url or tcp, not both")

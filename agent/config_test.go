@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/shoalnet/shoal/heartbeat"
 )
 
 const goodConfig = `
@@ -53,6 +56,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"bootstrap and join", "bootstrap: true", "bootstrap: true\njoin: [198.18.7.12:7948]", "bootstrap/join"},
 		{"neither", "bootstrap: true", "", "bootstrap/join"},
 		{"short period", "bootstrap: true", "bootstrap: true\nheartbeat_period: 1ms", "heartbeat_period"},
+		{"unknown profile", "bootstrap: true", "bootstrap: true\nprofile: turbo", "profile"},
 		{"health both", "bootstrap: true", "bootstrap: true\nhealth: {url: 'http://x/', tcp: '127.0.0.1:80'}", "health"},
 		{"health url", "bootstrap: true", "bootstrap: true\nhealth: {url: 'ftp://x/'}", "health.url"},
 	}
@@ -121,5 +125,31 @@ func TestReadKey(t *testing.T) {
 	os.WriteFile(open, []byte(strings.Repeat("ab", 32)), 0o644)
 	if _, err := ReadKey(open); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("world-readable key accepted: %v", err)
+	}
+}
+
+func TestBootstrapHeartbeatProfile(t *testing.T) {
+	tests := []struct {
+		name      string
+		cfg       Config
+		period    time.Duration
+		tolerance int
+	}{
+		{"default", Config{}, heartbeat.DefaultPeriod, heartbeat.DefaultTolerance},
+		{"fast", Config{Profile: "fast"}, heartbeat.FastProfile.Period, heartbeat.FastProfile.Tolerance},
+		{"fast, period set", Config{Profile: "fast", HeartbeatPeriod: 30 * time.Millisecond}, 30 * time.Millisecond, heartbeat.FastProfile.Tolerance},
+		{"period set", Config{HeartbeatPeriod: 50 * time.Millisecond}, 50 * time.Millisecond, heartbeat.DefaultTolerance},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, tol := tt.cfg.BootstrapHeartbeat()
+			if p != tt.period || tol != tt.tolerance {
+				t.Errorf("BootstrapHeartbeat() = %v, %d; want %v, %d", p, tol, tt.period, tt.tolerance)
+			}
+		})
+	}
+	c := &Config{}
+	if err := c.Set("profile", "fast"); err != nil || c.Profile != "fast" {
+		t.Errorf("Set(profile, fast): %v, profile %q", err, c.Profile)
 	}
 }
