@@ -28,12 +28,14 @@ const (
 	envPageNodes = "SHOAL_STATUSPAGE_NODES"
 	envPageRules = "SHOAL_STATUSPAGE_RULES"
 	envPageDrain = "SHOAL_STATUSPAGE_DRAINING"
+	envPageFail  = "SHOAL_STATUSPAGE_FAILOVER"
 	envPageShot  = "SHOAL_STATUSPAGE_SHOT"
 )
 
 // TestE2EStatusPage opens node1's status page in headless Chromium while
-// traffic flows and node3 drains with connections open, and checks what it
-// shows: every node and rule, packet counts that move, node3 draining.
+// traffic flows and node3 drains with connections open, after node2's plug
+// was pulled and put back, and checks what it shows: every node and rule,
+// packet counts that move, node3 draining, node2's failover and its cause.
 func TestE2EStatusPage(t *testing.T) {
 	if _, err := exec.LookPath("chromium"); err != nil && os.Geteuid() == 0 && !testing.Short() {
 		if os.Getenv("CI") != "" {
@@ -42,6 +44,12 @@ func TestE2EStatusPage(t *testing.T) {
 		t.Skip("needs Debian's chromium (apt-get install chromium)")
 	}
 	l := upLab(t, 3)
+
+	// A failover for the page to show: node2's plug pulled, then put back.
+	mustShoal(t, l, "node2", "plug", "pull")
+	poll(t, 10*time.Second, "node1 and node3 cover node2's share", func() error { return covered(l, "node1", "node3") })
+	mustShoal(t, l, "node2", "plug", "restore")
+	poll(t, 10*time.Second, "node2 back", func() error { return covered(l, "node1", "node2", "node3") })
 
 	// Connections held on node3, so that its drain lasts.
 	var conns []*heldConn
@@ -79,7 +87,7 @@ func TestE2EStatusPage(t *testing.T) {
 	cmd.Env = append(os.Environ(),
 		envPageURL+"=http://"+n1.Addr.String()+":"+strconv.Itoa(lab.MetricsPort)+"/",
 		envPageNodes+"=node1,node2,node3", envPageRules+"="+strings.Join(rules, ","),
-		envPageDrain+"=node3", envPageShot+"="+shot)
+		envPageDrain+"=node3", envPageFail+"=node2", envPageShot+"="+shot)
 	out, err := cmd.CombinedOutput()
 	t.Logf("browser:\n%s", out)
 	if err != nil {
@@ -174,6 +182,13 @@ func TestStatusPageBrowser(t *testing.T) {
 		return c && c.dataset.admin === 'draining' && c.classList.contains('draining') &&
 			!document.getElementById('drain-section').hidden && d && /^[1-9][0-9]* connections left/.test(d.textContent);
 	})()`, draining, draining))
+
+	failed := os.Getenv(envPageFail)
+	eval(failed+"'s failover shown", fmt.Sprintf(`(() => {
+		const f = document.querySelector('#failovers [data-failover=%q]');
+		return !!f && /: [0-9.]+ (ms|s)$/.test(f.textContent) &&
+			[...document.querySelectorAll('#views li')].some(li => li.textContent.includes(%q + ' dead: no heartbeat for'));
+	})()`, failed, failed))
 
 	// Numbers move without a reload: every serving node's accepted count
 	// grows, and its rate shows, while the page stays the same document.
