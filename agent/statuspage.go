@@ -242,10 +242,11 @@ type viewHistory struct {
 	views     []ViewChange         // newest first
 	failovers []Failover           // newest first
 	pending   map[uint32]*Failover // silent nodes whose share has not been taken yet
+	dead      map[uint32]bool      // nodes that left the view silent and have not come back
 }
 
 func newViewHistory(self filter.NodeID) *viewHistory {
-	return &viewHistory{self: self, peers: map[uint32]heartbeat.PeerStatus{}, pending: map[uint32]*Failover{}}
+	return &viewHistory{self: self, peers: map[uint32]heartbeat.PeerStatus{}, pending: map[uint32]*Failover{}, dead: map[uint32]bool{}}
 }
 
 // viewState is what the history needs of a heartbeat status.
@@ -282,7 +283,11 @@ func (h *viewHistory) observe(now time.Time, st viewState, name func(filter.Node
 			}
 			if p, ok := h.peers[id]; ok && !p.Live {
 				h.pending[id] = &Failover{Node: h.name(filter.NodeID(id)), LastSeen: p.LastHeard}
+				h.dead[id] = true
 			}
+		}
+		for _, id := range st.View.Eligible {
+			delete(h.dead, id) // back: the cause above said so
 		}
 		h.view = st.View
 		h.converged = false
@@ -344,7 +349,7 @@ func (h *viewHistory) cause(now time.Time, from, to heartbeat.View, before map[u
 			continue
 		}
 		name := h.name(filter.NodeID(id))
-		if b, ok := before[id]; ok && !b.Live {
+		if b, ok := before[id]; (ok && !b.Live) || h.dead[id] {
 			causes = append(causes, name+" is back")
 		} else {
 			causes = append(causes, name+" joined")

@@ -150,9 +150,12 @@ func TestViewHistory(t *testing.T) {
 				{0, viewState{view(5, 1, 2, 3), true, []heartbeat.PeerStatus{up(2, 0), up(3, 0)}}},
 				{1000, viewState{view(5, 1, 2), false, []heartbeat.PeerStatus{up(2, 990), peer(3, false, 100, heartbeat.Started, true)}}},
 				{1050, viewState{view(5, 1, 2), true, []heartbeat.PeerStatus{up(2, 1040), peer(3, false, 100, heartbeat.Started, true)}}},
+				// It is heard again before it is eligible again: still "back".
+				{2000, viewState{view(5, 1, 2), true, []heartbeat.PeerStatus{up(2, 1990), up(3, 1990)}}},
+				{2200, viewState{view(5, 1, 2, 3), false, []heartbeat.PeerStatus{up(2, 2190), up(3, 2190)}}},
 			},
-			causes:    []string{"web3 dead: no heartbeat for 900ms"},
-			converged: []string{"50ms"},
+			causes:    []string{"web3 is back", "web3 dead: no heartbeat for 900ms"},
+			converged: []string{"never", "50ms"},
 			failovers: []Failover{{Node: "web3", LastSeen: at(100), Duration: 950 * time.Millisecond}},
 		},
 		{
