@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -78,4 +79,25 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 	// deploy/deb's package test drives the installed script in bash.
+}
+
+// TestCompletionScriptsParse checks both scripts with their shell's parser
+// (deploy/deb's package test drives the bash one for real).
+func TestCompletionScriptsParse(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh"} {
+		path, err := exec.LookPath(shell)
+		if err != nil {
+			t.Logf("%s is not installed: not checked", shell)
+			continue
+		}
+		out, code := run(t, "completion", shell)
+		if code != 0 {
+			t.Fatalf("completion %s: exit %d", shell, code)
+		}
+		f := filepath.Join(t.TempDir(), "completion."+shell)
+		os.WriteFile(f, []byte(out), 0o644)
+		if msg, err := exec.Command(path, "-n", f).CombinedOutput(); err != nil {
+			t.Errorf("%s -n: %v\n%s", shell, err, msg)
+		}
+	}
 }
