@@ -75,6 +75,29 @@ func BenchmarkXDP(b *testing.B) {
 		bench(x.Program(), ack(82), xdpDrop)(b)
 	})
 	b.Run("non-vip-pass", bench(x.Program(), nonVIP, xdpPass))
+	// The heartbeat filter: UDP to this node's heartbeat socket.
+	if err := x.SetHeartbeatPeers(netip.MustParseAddrPort("198.18.0.5:7946"), []netip.AddrPort{netip.MustParseAddrPort("198.18.0.6:7946")}); err != nil {
+		b.Fatal(err)
+	}
+	hb := func(src string) []byte {
+		ap := netip.MustParseAddrPort(src)
+		return (&pkt{src: ap.Addr(), sport: ap.Port(), dst: netip.MustParseAddr("198.18.0.5"), dport: 7946, proto: layers.IPProtocolUDP, payload: make([]byte, 64)}).build()
+	}
+	b.Run("heartbeat-from-peer-pass", bench(x.Program(), hb("198.18.0.6:7946"), xdpPass))
+	b.Run("heartbeat-from-stranger-drop", bench(x.Program(), hb("198.18.0.7:7946"), xdpDrop))
+	// Fragments: a first fragment (judged, verdict stored in the LRU) and a
+	// later one (verdict read from it).
+	frag := func(first bool) []byte {
+		p := pkt{src: client, sport: 40000, dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true, id: 99, payload: make([]byte, 64)}
+		if first {
+			p.mf = true
+		} else {
+			p.fragOff = 11
+		}
+		return p.build()
+	}
+	b.Run("first-fragment-owned", bench(x.Program(), frag(true), xdpPass))
+	b.Run("later-fragment-remembered", bench(x.Program(), frag(false), xdpPass))
 	b.Run("bare-pass-again", bench(pass, ack(80), xdpPass))
 }
 
