@@ -11,10 +11,6 @@ import (
 	"github.com/shoalnet/shoal/rules"
 )
 
-// MaxPlugPull is the longest a virtual plug stays pulled: a pull that
-// nobody undoes (a drill that died, a request replayed) restores itself.
-const MaxPlugPull = 30 * time.Second
-
 // security is the agent's TLS identity, its refusal counters and the
 // pulled plug's restore timer.
 type security struct {

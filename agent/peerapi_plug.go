@@ -5,6 +5,10 @@ import (
 	"time"
 )
 
+// MaxPlugPull is the longest a virtual plug stays pulled: a pull that
+// nobody undoes (a drill that died, a request replayed) restores itself.
+const MaxPlugPull = 30 * time.Second
+
 // plugRestorer puts a pulled plug back after a bounded time. Every plug
 // change re-arms it, so a timer of an earlier pull does nothing.
 type plugRestorer struct {
