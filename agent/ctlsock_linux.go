@@ -108,8 +108,8 @@ func (l *credListener) Accept() (net.Conn, error) {
 		if err == nil && l.allow(uid) {
 			return c, nil
 		}
+		l.refused.Add(1) // before the close, which the client sees
 		c.Close()
-		l.refused.Add(1)
 		if now := time.Now().UnixNano(); now-l.lastLog.Load() > int64(10*time.Second) {
 			l.lastLog.Store(now)
 			slog.Warn("control socket: refused a client", "uid", uid, "err", err, "refused_total", l.refused.Load())
