@@ -159,15 +159,16 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	cleanup(h.stop)
 
 	// Membership.
-	keys, err := heartbeat.NewKeyring(key)
+	keys, err := heartbeatKeyring(a.sec.keys)
 	if err != nil {
-		return fmt.Errorf("heartbeat key: %w", err)
+		return err
 	}
 	a.link, err = heartbeat.Listen(cfg.HeartbeatAddr, a.rstate.Settings.ClusterID, keys)
 	if err != nil {
 		return fmt.Errorf("heartbeat socket: %w", err)
 	}
 	cleanup(a.link.Close)
+	a.reloadOnSIGHUP(ctx)
 	if err := a.newMachine(time.Now()); err != nil {
 		return err
 	}

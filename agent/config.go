@@ -42,6 +42,9 @@ type Config struct {
 	Profile string       `yaml:"profile"`
 	Health  HealthConfig `yaml:"health"`
 	TLS     TLSConfig    `yaml:"tls"`
+	// AcceptKeyFiles are further cluster keys accepted (heartbeats, TLS)
+	// but not signed with, for a key rotation (docs/SECURITY.md).
+	AcceptKeyFiles []string `yaml:"accept_key_files"`
 	// Drills enables the drill endpoint of the peer API (pulling this
 	// node's virtual plug from `shoal drill`); off by default.
 	Drills bool `yaml:"drills"`
@@ -193,6 +196,7 @@ func (c *Config) fields() []field {
 			return err
 		}},
 		{"profile", str(&c.Profile)},
+		{"accept_key_files", func(v string) error { c.AcceptKeyFiles = strings.Split(v, ","); return nil }},
 		{"tls_ca_file", str(&c.TLS.CAFile)},
 		{"tls_cert_file", str(&c.TLS.CertFile)},
 		{"tls_key_file", str(&c.TLS.KeyFile)},

@@ -14,6 +14,7 @@ import (
 // security is the agent's TLS identity, its refusal counters and the
 // pulled plug's restore timer.
 type security struct {
+	keys     [][]byte // the cluster keys at start, the primary first
 	certs    *rules.Certs
 	refusals *rules.Refusals
 	restorer plugRestorer
@@ -33,11 +34,17 @@ func tlsOptions(cfg *Config, key []byte) rules.TLSOptions {
 }
 
 func newSecurity(cfg *Config, key []byte, a *Agent) (*security, error) {
-	certs, err := rules.NewCerts(tlsOptions(cfg, key))
+	keys, err := readKeys(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &security{certs: certs, refusals: rules.NewRefusals(a.log)}, nil
+	opts := tlsOptions(cfg, key)
+	opts.Keys = keys
+	certs, err := rules.NewCerts(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &security{keys: keys, certs: certs, refusals: rules.NewRefusals(a.log)}, nil
 }
 
 // servePeerAPI serves the peer API on cfg.PeerAddr over mutual TLS, with

@@ -53,6 +53,7 @@ func newApp() *cli.App {
 			ip2macCommand,
 			keygenCommand,
 			tlsCommand,
+			keyCommand,
 			simulateCommand,
 			drillCommand,
 			labCommand,
