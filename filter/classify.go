@@ -144,7 +144,8 @@ type flow struct {
 
 // Classify judges frame. On Accept it rewrites the destination MAC of frame
 // in place, as the XDP program does; frame is otherwise untouched. It does
-// not allocate.
+// not allocate, but for its fragment memory, made once, when it sees its
+// first first fragment.
 func (c *Classifier) Classify(frame []byte) Result {
 	if len(frame) < 14 {
 		return Result{Verdict: Pass}

@@ -238,6 +238,8 @@ func TestClassifyNoAllocs(t *testing.T) {
 		(&pkt{src: refClient, dst: refVIP, proto: layers.IPProtocolICMPv4, icmpType: 3,
 			inner: embedded(pkt{src: refVIP, sport: 443, dst: refClient, dport: 5555, proto: layers.IPProtocolTCP})}).build(),
 		(&pkt{src: refClient, sport: 1, dst: netip.MustParseAddr("10.0.0.1"), dport: 1, proto: layers.IPProtocolUDP}).build(),
+		(&pkt{src: refClient, sport: 40000, dst: refVIP, dport: 443, proto: layers.IPProtocolTCP, ack: true, mf: true, id: 5}).build(),
+		(&pkt{src: refClient, dst: refVIP, proto: layers.IPProtocolTCP, fragOff: 20, id: 5}).build(),
 	}
 	for _, st := range []BucketState{Owned, NotOwned, OwnedDirty, Draining} {
 		tb := allIn(c, st)
@@ -283,5 +285,28 @@ func BenchmarkAssign(b *testing.B) {
 				Assign(c, elig)
 			}
 		})
+	}
+}
+
+// TestFragMemoryLRU checks the model of the program's fragment LRU: it
+// forgets the least recently used datagram first, a lookup counting as a
+// use, and a repeated first fragment replaces the verdict.
+func TestFragMemoryLRU(t *testing.T) {
+	key := func(id uint16) fragKey { return fragKey{src: refClient, dst: refVIP, id: id, proto: 6} }
+	m := newFragMemory(2)
+	m.put(key(1), Result{Verdict: Accept})
+	m.put(key(2), Result{Verdict: Drop})
+	if _, ok := m.get(key(1)); !ok { // 1 is now newer than 2
+		t.Fatal("datagram 1 forgotten early")
+	}
+	m.put(key(3), Result{Verdict: Accept}) // forgets 2
+	m.put(key(1), Result{Verdict: Drop})   // replaces 1's verdict
+	for id, want := range map[uint16]Verdict{1: Drop, 3: Accept} {
+		if r, ok := m.get(key(id)); !ok || r.Verdict != want {
+			t.Errorf("datagram %d: %v %v, want %v", id, r.Verdict, ok, want)
+		}
+	}
+	if _, ok := m.get(key(2)); ok {
+		t.Error("datagram 2 not forgotten")
 	}
 }
