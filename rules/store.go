@@ -100,6 +100,7 @@ type Store struct {
 	client *http.Client
 
 	readyTerm atomic.Uint64 // the term leaderReady last caught up in
+	closing   atomic.Bool   // Close began: raft's complaints are expected
 
 	subMu  sync.Mutex
 	subs   map[int]chan struct{}
@@ -157,7 +158,7 @@ func (s *Store) open() error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("open rules store: %w", err)
 	}
-	hl := newHCLogger(s.log)
+	hl := newHCLogger(s.log, &s.closing)
 	bolt, err := raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(cfg.DataDir, "raft.db"),
 		BoltOptions: &bbolt.Options{Timeout: time.Second},
@@ -850,6 +851,7 @@ func (s *Store) promoteNonvoter(ctx context.Context) error {
 // stays readable.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.closing.Store(true)
 		close(s.closed)
 		var errs []error
 		if s.raft != nil {
