@@ -28,6 +28,13 @@ type Status struct {
 	// entry its shoal cannot apply); the data plane keeps the rules of
 	// RulesIndex. Empty: applying.
 	RulesStopped string `json:"rules_stopped,omitempty"`
+	// DataplaneHealthy is false after the data plane refused a table push,
+	// until a push succeeds and a hold-down passes; meanwhile the node is
+	// not eligible. UpdateFailures counts refused pushes since start.
+	DataplaneHealthy bool   `json:"dataplane_healthy"`
+	DataplaneError   string `json:"dataplane_error,omitempty"`
+	UpdateFailures   uint64 `json:"update_failures"`
+	Leaving          bool   `json:"leaving,omitempty"` // a graceful stop is handing off
 }
 
 // ViewInfo is the membership view a node acts on.

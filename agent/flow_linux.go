@@ -12,10 +12,9 @@ import (
 // flow explains a flow from this node's rules and view; with peers, every
 // live node adds its own state for the flow's bucket.
 func (a *Agent) flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (Flow, error) {
-	a.mu.Lock()
-	fcfg, rs := a.fcfg, a.rstate
-	view, converged := nodeIDs(a.hbStatus.View.Eligible), a.hbStatus.Converged
-	a.mu.Unlock()
+	ms := a.node.mem.snap.Load()
+	fcfg, rs := ms.fcfg, ms.rs
+	view, converged := nodeIDs(ms.hb.View.Eligible), ms.hb.Converged
 	name := func(id filter.NodeID) string {
 		if n := rs.Node(id); n != nil {
 			return n.Name
@@ -40,17 +39,16 @@ func (a *Agent) flow(ctx context.Context, client, to netip.AddrPort, proto filte
 // tables the data plane has, and, from a socket scan made for the question,
 // whether the node holds connections in that bucket and this very one.
 func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) FlowNode {
-	a.mu.Lock()
+	ms, ds := a.node.mem.snap.Load(), a.node.rec.pub.Load()
 	fn := FlowNode{Name: a.cfg.NodeName}
-	id, bucket, ok := a.fcfg.Locate(to.Addr(), proto, client.Addr(), client.Port(), to.Port())
+	id, bucket, ok := ms.fcfg.Locate(to.Addr(), proto, client.Addr(), client.Port(), to.Port())
 	if ok {
 		fn.State = filter.NotOwned.String()
-		if t := a.last.tables; t != nil && t.States[id] != nil {
+		if t := ds.tables; t != nil && t.States[id] != nil {
 			fn.State = t.States[id][bucket].String()
 		}
 	}
-	fcfg, vips := a.fcfg, a.rstate.VIPs
-	a.mu.Unlock()
+	fcfg, vips := ms.fcfg, ms.rs.VIPs
 	if !ok {
 		fn.Error = "not a flow to a VIP of this node's rules"
 		return fn

@@ -3,10 +3,13 @@ package agent
 import (
 	"fmt"
 	"net/http"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // metricsSource is what the metrics endpoint reads at scrape time.
@@ -21,6 +24,7 @@ type collector struct {
 	src                                                metricsSource
 	accepted, dropped, hb, arp                         *prometheus.Desc
 	converged, healthy, buckets, conns, rulesIndex, up *prometheus.Desc
+	dpFailures, dpHealthy                              *prometheus.Desc
 }
 
 func newCollector(src metricsSource) *collector {
@@ -39,11 +43,13 @@ func newCollector(src metricsSource) *collector {
 		conns:      d("connections", "TCP connections this node holds on the VIPs."),
 		rulesIndex: d("rules_index", "Raft index of the rules this node applies."),
 		up:         d("eligible_nodes", "Nodes in this node's current view."),
+		dpFailures: d("dataplane_update_failures_total", "Table pushes the data plane refused (the node then leaves the eligible set)."),
+		dpHealthy:  d("dataplane_healthy", "1 when the data plane takes this node's tables."),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.hb, c.arp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up} {
+	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.hb, c.arp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy} {
 		ch <- d
 	}
 }
@@ -80,6 +86,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.conns, float64(st.Connections))
 	gauge(c.rulesIndex, float64(st.RulesIndex))
 	gauge(c.up, float64(len(st.View.Eligible)))
+	counter(c.dpFailures, st.UpdateFailures)
+	gauge(c.dpHealthy, b2f(st.DataplaneHealthy))
 }
 
 func b2f(b bool) float64 {
@@ -90,9 +98,38 @@ func b2f(b bool) float64 {
 }
 
 // metricsHandler serves the collector (and Go runtime metrics) for scraping.
+// Scrapes that arrive together share one gathering (see cachedGatherer), so
+// a burst of them costs about one.
 func metricsHandler(src metricsSource, extra ...prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newCollector(src), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(extra...)
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(&cachedGatherer{g: reg, ttl: scrapeReuse}, promhttp.HandlerOpts{})
+}
+
+// scrapeReuse is how long one gathering answers further scrapes: far below
+// any scrape interval, long enough to absorb a burst.
+const scrapeReuse = 100 * time.Millisecond
+
+// cachedGatherer answers Gather with the last result while it is younger
+// than ttl; one gathering runs at a time.
+type cachedGatherer struct {
+	g   prometheus.Gatherer
+	ttl time.Duration
+
+	mu   sync.Mutex
+	at   time.Time
+	mfs  []*dto.MetricFamily
+	err  error
+	have bool
+}
+
+func (c *cachedGatherer) Gather() ([]*dto.MetricFamily, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.have || time.Since(c.at) >= c.ttl {
+		c.mfs, c.err = c.g.Gather()
+		c.at, c.have = time.Now(), true
+	}
+	return c.mfs, c.err
 }

@@ -15,7 +15,7 @@ import (
 type fakeMetrics struct{}
 
 func (fakeMetrics) status() Status {
-	return Status{Converged: true, Healthy: true, Connections: 7, RulesIndex: 12,
+	return Status{Converged: true, Healthy: true, Connections: 7, RulesIndex: 12, UpdateFailures: 4, DataplaneHealthy: true,
 		View:      ViewInfo{Eligible: []filter.NodeID{1, 2, 3}},
 		Accepting: map[filter.RuleID]int{1: 1365}, Dirty: map[filter.RuleID]int{1: 5}, Draining: map[filter.RuleID]int{1: 2}}
 }
@@ -42,6 +42,8 @@ func TestMetrics(t *testing.T) {
 		`shoal_connections 7`,
 		`shoal_rules_index 12`,
 		`shoal_eligible_nodes 3`,
+		`shoal_dataplane_update_failures_total 4`,
+		`shoal_dataplane_healthy 1`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("metrics lack %q", want)

@@ -5,11 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/shoalnet/shoal/filter"
-	"github.com/shoalnet/shoal/heartbeat"
-	"github.com/shoalnet/shoal/rules"
 )
 
 // The Agent implements the control API on top of its commander.
@@ -42,87 +39,35 @@ func (a *Agent) leave(ctx context.Context) error { return a.store.Leave(ctx) }
 // node listens before it takes anything, exactly as a node whose cable
 // comes back after a restart.
 func (a *Agent) setPlug(ctx context.Context, r PlugRequest) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.plugged == r.Pulled {
-		return nil
-	}
-	a.plugged = r.Pulled
-	a.log.Warn("virtual plug", "pulled", r.Pulled)
-	if !r.Pulled {
-		if err := a.newMachine(time.Now()); err != nil {
-			return err
-		}
-	}
-	a.reconcile()
-	return nil
+	return a.node.mem.setPlug(ctx, r.Pulled)
 }
 
+// status is the node's published state, with what only the Agent knows.
 func (a *Agent) status() Status {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	st := a.hbStatus
-	s := Status{
-		NodeID: a.self, NodeName: a.cfg.NodeName, Admin: "unknown",
-		Healthy: a.hc == nil || a.hc.healthy.Load(), Converged: st.Converged,
-		RulesIndex: a.rstate.Index, TablesIndex: a.tablesIndex, Connections: a.conns, Plugged: a.plugged,
-		View:      ViewInfo{Eligible: nodeIDs(st.View.Eligible), RulesIndex: st.View.RulesIndex, Seed: st.View.Seed},
-		Accepting: map[filter.RuleID]int{}, Draining: map[filter.RuleID]int{}, Dirty: map[filter.RuleID]int{},
-		Live: []filter.NodeID{a.self},
-	}
-	if a.hc != nil {
+	s := a.node.status()
+	s.NodeName = a.cfg.NodeName
+	s.Healthy = a.hc.healthy.Load()
+	if !s.Healthy {
 		s.HealthError, _ = a.hc.lastErr.Load().(string)
-		if s.Healthy {
-			s.HealthError = ""
-		}
 	}
-	if a.host != nil {
-		if ok, why := a.host.hostHealthy(); !ok {
-			s.Healthy = false
-			s.HealthError = strings.TrimPrefix(s.HealthError+"; data plane: "+why, "; ")
-		}
+	if ok, why := a.host.hostHealthy(); !ok {
+		s.Healthy = false
+		s.HealthError = strings.TrimPrefix(s.HealthError+"; data plane: "+why, "; ")
 	}
 	// The admin state as replicated, which may be a step ahead of the
 	// tables: a command that returned has changed it.
 	if n := a.store.State().Node(a.self); n != nil {
 		s.Admin = n.Admin.String()
 	}
-	for _, p := range st.Peers {
-		if p.Live {
-			s.Live = append(s.Live, filter.NodeID(p.ID))
-		}
-	}
-	slices.Sort(s.Live)
-	if t := a.last.tables; t != nil {
-		s.Dirty = stateCounts(t, filter.OwnedDirty)
-		s.Draining = stateCounts(t, filter.Draining)
-		for id, n := range stateCounts(t, filter.Owned) {
-			s.Accepting[id] = n + s.Dirty[id]
-		}
-		for id, n := range s.Dirty {
-			if _, ok := s.Accepting[id]; !ok {
-				s.Accepting[id] = n
-			}
-		}
-	}
 	s.Leader, _ = a.store.Leader()
 	s.RulesStopped = rulesStopped(a.store)
 	return s
 }
 
-func nodeIDs(ids []uint32) []filter.NodeID {
-	out := make([]filter.NodeID, len(ids))
-	for i, id := range ids {
-		out[i] = filter.NodeID(id)
-	}
-	return out
-}
-
 func (a *Agent) query() Query {
-	a.mu.Lock()
-	rs, hb, self := a.rstate, a.hbStatus, a.self
-	owners := a.assigner.Assign(a.fcfg, nodeIDs(hb.View.Eligible))
-	a.mu.Unlock()
+	ms := a.node.mem.snap.Load()
+	rs, hb, self := ms.rs, ms.hb, a.self
+	owners := filter.Assign(ms.fcfg, nodeIDs(hb.View.Eligible))
 	q := Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: settingInfo(rs.Settings)}
 	q.Leader, _ = a.store.Leader()
 	for _, v := range rs.VIPs {
@@ -137,7 +82,7 @@ func (a *Agent) query() Query {
 			Eligible: hb.View.Has(uint32(n.ID)), HeartbeatAddr: n.HeartbeatAddr, APIAddr: n.APIAddr,
 			Share: map[filter.RuleID]float64{}}
 		if n.ID == self {
-			ni.Live, ni.Healthy = true, a.hc == nil || a.hc.healthy.Load()
+			ni.Live, ni.Healthy = true, a.healthy()
 		} else if i, ok := peers[n.ID]; ok {
 			ni.Live, ni.Healthy = hb.Peers[i].Live, hb.Peers[i].Healthy
 		}
@@ -158,41 +103,11 @@ func (a *Agent) query() Query {
 	return q
 }
 
-func settingInfo(s rules.Settings) SettingInfo {
-	return SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance}
-}
-
 func (a *Agent) params() Params {
-	a.mu.Lock()
-	rs := a.rstate
-	a.mu.Unlock()
-	p := Params{Config: *a.cfg, Settings: settingInfo(rs.Settings), Packets: map[filter.RuleID]PacketCounters{},
-		Heartbeat: heartbeatStats(a.link.Stats()), ARP: map[string]uint64{}}
-	if c, err := a.dp.Counters(); err == nil {
-		for id, rc := range c {
-			pc := PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}}
-			for r, n := range rc.Dropped {
-				if n > 0 {
-					pc.Dropped[filter.DropReason(r).String()] = n
-				}
-			}
-			p.Packets[id] = pc
-		}
-	}
-	if a.host != nil {
-		p.ARP = a.host.arpCounters()
-	}
+	p := a.node.params()
+	p.Config = *a.cfg
+	p.ARP = a.host.arpCounters()
 	return p
-}
-
-func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
-	m := map[string]uint64{"sent": st.Sent, "send_errors": st.SendErrors, "received": st.Received, "accepted": st.Accepted}
-	for r, n := range st.Rejected {
-		if n > 0 {
-			m["rejected_"+heartbeat.Reason(r).String()] = n
-		}
-	}
-	return m
 }
 
 // simulate says which node takes a flow now, and which would if any one
@@ -202,27 +117,26 @@ func (a *Agent) simulate(client, to netip.AddrPort, proto string) (Simulation, e
 	if err != nil || p == filter.ProtoBoth {
 		return Simulation{}, badRequest("proto %q: want tcp or udp", proto)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	id, bucket, ok := a.fcfg.Locate(to.Addr(), p, client.Addr(), client.Port(), to.Port())
+	ms, ds := a.node.mem.snap.Load(), a.node.rec.pub.Load()
+	id, bucket, ok := ms.fcfg.Locate(to.Addr(), p, client.Addr(), client.Port(), to.Port())
 	if !ok {
 		return Simulation{}, badRequest("%s is not a VIP of this cluster, or %s is not IPv4", to.Addr(), client.Addr())
 	}
 	name := func(n filter.NodeID) string {
-		if node := a.rstate.Node(n); node != nil {
+		if node := ms.rs.Node(n); node != nil {
 			return node.Name
 		}
 		return ""
 	}
-	view := nodeIDs(a.hbStatus.View.Eligible)
+	view := nodeIDs(ms.hb.View.Eligible)
 	sim := Simulation{Rule: id, Bucket: bucket, IfDown: map[string]string{}}
-	sim.Owner = name(a.assigner.Assign(a.fcfg, view).Rules[id][bucket])
-	if t := a.last.tables; t != nil {
+	sim.Owner = name(filter.Assign(ms.fcfg, view).Rules[id][bucket])
+	if t := ds.tables; t != nil {
 		sim.Here = t.States[id][bucket].String()
 	}
 	for _, down := range view {
 		rest := slices.DeleteFunc(slices.Clone(view), func(n filter.NodeID) bool { return n == down })
-		sim.IfDown[name(down)] = name(filter.Assign(a.fcfg, rest).Rules[id][bucket])
+		sim.IfDown[name(down)] = name(filter.Assign(ms.fcfg, rest).Rules[id][bucket])
 	}
 	return sim, nil
 }

@@ -6,17 +6,20 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/rules"
 )
 
 // history is what the status page shows of the past.
 func (a *Agent) history() historySnapshot { return a.hist.snapshot() }
 
-// nodeName names a registered node. Call with a.mu held.
-func (a *Agent) nodeName(id filter.NodeID) string {
-	if n := a.rstate.Node(id); n != nil {
-		return n.Name
+// nodeNamer names the registered nodes of st.
+func nodeNamer(st *rules.State) func(filter.NodeID) string {
+	return func(id filter.NodeID) string {
+		if n := st.Node(id); n != nil {
+			return n.Name
+		}
+		return fmt.Sprintf("node %d", id)
 	}
-	return fmt.Sprintf("node %d", id)
 }
 
 // sampleHandler serves this node's counters to the other nodes' status

@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// dataplane is what the agent needs of the XDP program.
+type dataplane interface {
+	Update(t *filter.Tables, ifMAC net.HardwareAddr) error
+	Counters() (filter.Counters, error)
+}
+
+// reconciler owns the data plane: from membership's latest snapshot (view,
+// accepting set, peers' draining buckets, the view's own rules) and the
+// tracker's held buckets it computes tables, pushes them, and reports back
+// what the kernel holds. It is the only goroutine that calls Update.
+//
+// A push that fails leaves the previous tables in the kernel (Update swaps
+// whole tables) and is reported as such, so membership never advertises the
+// new view; the node also reports the data plane unhealthy, which takes it
+// out of the eligible set once the tables that say so are in, retries with
+// backoff, and stays out for a hold-down after the next success.
+type reconciler struct {
+	self     filter.NodeID
+	log      *slog.Logger
+	dp       dataplane
+	mac      func() net.HardwareAddr // the interface's MAC, which accepted frames get
+	trk      *tracker
+	wake     chan struct{}
+	in       *mailbox[*memberSnap] // from membership
+	out      *mailbox[pushReport]  // to membership
+	announce func()                // gratuitous ARP after a view change
+	onPush   func(s *memberSnap)
+	finish   func(ctx context.Context) error
+	now      func() time.Time
+
+	failures atomic.Uint64 // table pushes the data plane refused
+	pub      atomic.Pointer[dataSnap]
+
+	// Owned by the goroutine.
+	snap        *memberSnap
+	held        held
+	heldFresh   bool // held changed since the last push
+	scannedView heartbeat.View
+	polling     bool
+	pushedGen   uint64
+	pushedMAC   string
+	pushedView  heartbeat.View
+	last        plan
+	tablesIndex uint64
+	healthy     bool
+	failedAt    time.Time
+	backoff     time.Duration
+	lastErr     string
+	lastLog     time.Time
+	suppressed  int
+	stopAsked   time.Time
+	wg          sync.WaitGroup
+}
+
+// dataSnap is what the reconciler publishes for the APIs; immutable.
+type dataSnap struct {
+	tables      *filter.Tables
+	tablesIndex uint64
+	conns       int
+	healthy     bool
+	lastErr     string
+}
+
+// Backoff after a refused push: the retry waits this long, doubling per
+// failure up to maxPushBackoff, and the node stays out of the eligible set
+// for as long after the next success. A minute without failures resets it.
+const (
+	minPushBackoff = 200 * time.Millisecond
+	maxPushBackoff = 10 * time.Second
+	pushLogEvery   = 10 * time.Second
+	stopRetry      = 10 * time.Second // a drained node asks again to be stopped
+)
+
+func newReconciler(self filter.NodeID, log *slog.Logger, dp dataplane, mac func() net.HardwareAddr, trk *tracker,
+	in *mailbox[*memberSnap], out *mailbox[pushReport]) *reconciler {
+	r := &reconciler{self: self, log: log, dp: dp, mac: mac, trk: trk, in: in, out: out, wake: make(chan struct{}, 1),
+		announce: func() {}, onPush: func(*memberSnap) {}, finish: func(context.Context) error { return nil }, now: time.Now, healthy: true}
+	r.pub.Store(&dataSnap{healthy: true})
+	return r
+}
+
+// run is the reconciler goroutine.
+func (r *reconciler) run(ctx context.Context) {
+	defer r.wg.Wait()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.in.ready:
+			r.snap = r.in.take()
+		case <-r.trk.out.ready:
+			if h := r.trk.out.take(); h.err == nil && r.snap != nil && h.cfg == r.snap.fcfg {
+				r.heldFresh = !h.set.Equal(r.held.set) || h.conns != r.held.conns
+				r.held = h
+			}
+		case <-r.wake:
+		case <-timer.C:
+		}
+		next := r.reconcile(ctx, r.now())
+		timer.Reset(max(next, time.Millisecond))
+	}
+}
+
+// reconcile pushes new tables when anything they depend on changed, or
+// retries a refused push. It returns how long until it wants to run again.
+func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration {
+	s := r.snap
+	if s == nil {
+		return time.Hour
+	}
+	retry := !r.healthy && !now.Before(r.failedAt.Add(r.backoff))
+	mac := r.mac()
+	if s.gen == r.pushedGen && !r.heldFresh && !retry && string(mac) == r.pushedMAC {
+		r.finishDrain(ctx, now, s)
+		return r.wakeIn(now)
+	}
+	if !s.hb.View.Equal(r.scannedView) {
+		// The view released buckets (or changed the rules): learn which of
+		// them still hold connections before the tables go in, so that they
+		// drain instead of breaking, and so the heartbeat that advertises
+		// the view announces them.
+		if h := r.trk.scanNow(ctx, s.fcfg, r.polling); h.err == nil {
+			r.held = h
+		}
+		r.scannedView = s.hb.View
+	}
+	admin := s.admin
+	p := planTables(s.fcfg, r.self, admin, s.plugged, s.hb.Accept.get().Buckets,
+		peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining), r.held.set)
+	if err := r.dp.Update(p.tables, mac); err != nil {
+		r.refused(now, s, err)
+		return r.wakeIn(now)
+	}
+	if !r.healthy && !now.Before(r.failedAt.Add(r.backoff)) {
+		r.healthy = true
+		r.log.Info("data plane takes tables again", "view", s.hb.View.Eligible)
+	}
+	if r.healthy && !r.failedAt.IsZero() && now.Sub(r.failedAt) > time.Minute {
+		r.backoff, r.failedAt = 0, time.Time{}
+	}
+	viewChanged := !s.hb.View.Equal(r.pushedView)
+	r.last, r.pushedGen, r.pushedView, r.tablesIndex, r.heldFresh = p, s.gen, s.hb.View, s.rs.Index, false
+	r.pushedMAC = string(mac)
+	if poll := p.draining.Count() > 0; poll != r.polling {
+		r.polling = poll
+		r.trk.setPolling(ctx, s.fcfg, poll)
+	}
+	r.out.put(pushReport{snap: s, ok: true, healthy: r.healthy,
+		draining: toHeartbeat(p.draining), conns: r.held.conns})
+	r.publish()
+	r.onPush(s)
+	if viewChanged {
+		r.log.Info("view changed", "eligible", s.hb.View.Eligible, "rules_index", s.hb.View.RulesIndex, "converged", s.hb.Converged)
+		if !s.plugged {
+			r.announce()
+		}
+	}
+	r.finishDrain(ctx, now, s)
+	return r.wakeIn(now)
+}
+
+// refused handles a push the data plane did not take: the kernel keeps the
+// previous tables, membership keeps advertising what they match and takes
+// the node out of the eligible set.
+func (r *reconciler) refused(now time.Time, s *memberSnap, err error) {
+	r.failures.Add(1)
+	r.healthy, r.failedAt = false, now
+	r.backoff = min(max(2*r.backoff, minPushBackoff), maxPushBackoff)
+	r.lastErr = err.Error()
+	if now.Sub(r.lastLog) >= pushLogEvery {
+		r.log.Error("update xdp tables; keeping the previous ones and leaving the eligible set",
+			"err", err, "view", s.hb.View.Eligible, "retry_in", r.backoff, "failures_total", r.failures.Load(),
+			"suppressed", r.suppressed)
+		r.lastLog, r.suppressed = now, 0
+	} else {
+		r.suppressed++
+	}
+	r.out.put(pushReport{snap: s, ok: false, healthy: false})
+	r.publish()
+}
+
+// wakeIn is how long until the next retry or the end of a hold-down.
+func (r *reconciler) wakeIn(now time.Time) time.Duration {
+	d := time.Hour
+	if !r.healthy {
+		d = r.failedAt.Add(r.backoff).Sub(now)
+	}
+	if !r.stopAsked.IsZero() {
+		d = min(d, r.stopAsked.Add(stopRetry).Sub(now))
+	}
+	return d
+}
+
+func (r *reconciler) publish() {
+	r.pub.Store(&dataSnap{tables: r.last.tables, tablesIndex: r.tablesIndex, conns: r.held.conns,
+		healthy: r.healthy, lastErr: r.lastErr})
+}
+
+// finishDrain stops a draining node once it holds no connections: the last
+// scan, made at or after the view change that drained it, found none.
+func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSnap) {
+	n := s.rs.Node(r.self)
+	if n == nil || n.Admin != rules.AdminDraining {
+		r.stopAsked = time.Time{}
+		return
+	}
+	if r.held.conns > 0 || r.held.cfg != s.fcfg || (!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
+		return
+	}
+	r.stopAsked = now
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := r.finish(cctx); err != nil {
+			r.log.Warn("drain finished but stop failed; will retry", "err", err)
+			return
+		}
+		r.log.Info("drain finished: node stopped")
+	}()
+}
+
+func (r *reconciler) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}

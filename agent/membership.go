@@ -1,0 +1,476 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// membership owns the heartbeat machine: it receives heartbeats, ticks,
+// applies rules and local changes, and sends heartbeats on time. It never
+// waits for a socket scan, a table push, Raft or an API caller: it hands a
+// memberSnap to the data plane and learns from a pushReport what the kernel
+// holds.
+//
+// The safety rule it keeps (DESIGN.md, "release at once"): a heartbeat never
+// advertises a state whose tables are not in the kernel. When the machine
+// adopts a new view, membership keeps advertising the last state the data
+// plane confirmed, on schedule, until the data plane reports the new view's
+// tables pushed; then it sends at once. See docs/ARCHITECTURE.md, "The
+// agent's goroutines".
+type membership struct {
+	self        filter.NodeID
+	incarnation func() (uint64, error) // a new one for every machine: persisted, growing
+	log         *slog.Logger
+	link        hbLink
+	rules       rulesSource
+	health      func() bool           // the node's health (application and host)
+	onRules     func(st *rules.State) // told of every rules state applied; must not block
+	renew       func(d time.Duration) error
+	now         func() time.Time
+
+	msgs    chan received        // from the transport's receive goroutine
+	reports *mailbox[pushReport] // from the data plane
+	ctl     chan func()          // requests from APIs, run on this goroutine
+	wake    chan struct{}        // health changed
+
+	// Owned by the goroutine (or by the caller before run starts).
+	machine   *heartbeat.Machine[*lazySet]
+	rs        *rules.State
+	cfgs      map[uint64]*filter.Config // by rules index: owned(v) uses v's rules
+	assigner  *sharedAssigner
+	plugged   bool
+	leaving   bool             // a graceful stop: advertise stopped, hand off
+	handoffs  []chan struct{}  // closed once every live peer's view leaves this node out
+	inKernel  pushReport       // the last successful push
+	dpHealthy bool             // the data plane accepts our tables
+	leaseErr  bool             // the last lease renewal failed (logged once)
+	lastSent  time.Time        // when any heartbeat last went out
+	peers     []netip.AddrPort // heartbeat addresses of the other registered nodes
+	gen       uint64           // of the last published memberSnap
+	published uint64           // machine version last published
+	snap      atomic.Pointer[memberSnap]
+	toDP      *mailbox[*memberSnap] // to the data plane
+}
+
+// hbLink is what membership needs of the heartbeat transport.
+type hbLink interface {
+	Send(msg *heartbeat.Message, to []netip.AddrPort) error
+	Reject(r heartbeat.Reason)
+	Stats() heartbeat.Stats
+}
+
+// rulesSource is what the agent needs of the replicated rules.
+type rulesSource interface {
+	State() *rules.State
+	Subscribe() (<-chan struct{}, func())
+}
+
+// memberSnap is what membership publishes after every change, for the data
+// plane and the APIs. It is immutable once published.
+type memberSnap struct {
+	gen        uint64
+	rs         *rules.State   // rs.Index == hb.View.RulesIndex: the view's own rules
+	fcfg       *filter.Config // rs.FilterConfig()
+	hb         heartbeat.Status[*lazySet]
+	admin      rules.AdminState // what the tables follow: stopped while leaving
+	replicated rules.AdminState // what the rules say
+	healthy    bool             // what the machine was told
+	plugged    bool
+	leaving    bool
+}
+
+// pushReport is the data plane's answer to a memberSnap.
+type pushReport struct {
+	snap     *memberSnap // what the tables were computed from
+	ok       bool        // the tables are in the kernel
+	healthy  bool        // the data plane took every push lately (hold-down after a failure)
+	draining heartbeat.Buckets
+	conns    int
+}
+
+// received is one heartbeat and the address it came from.
+type received struct {
+	msg  *heartbeat.Message
+	from netip.AddrPort
+}
+
+func newMembership(self filter.NodeID, incarnation func() (uint64, error), log *slog.Logger, link hbLink, rs rulesSource, health func() bool) *membership {
+	return &membership{
+		self: self, incarnation: incarnation, log: log, link: link, rules: rs, health: health, now: time.Now,
+		onRules: func(*rules.State) {}, renew: func(time.Duration) error { return nil },
+		msgs: make(chan received, 256), reports: newMailbox[pushReport](),
+		ctl: make(chan func()), wake: make(chan struct{}, 1),
+		cfgs: map[uint64]*filter.Config{}, assigner: &sharedAssigner{}, dpHealthy: true, toDP: newMailbox[*memberSnap](),
+	}
+}
+
+// start builds the first machine from the current rules; call it before run.
+func (m *membership) start(now time.Time) error {
+	m.rs = m.rules.State()
+	return m.newMachine(now)
+}
+
+// newMachine starts a fresh membership state machine (a new incarnation):
+// at start, and when a pulled plug is put back, the node must listen before
+// it takes anything.
+func (m *membership) newMachine(now time.Time) error {
+	st := m.rs
+	inc, err := m.incarnation()
+	if err != nil {
+		return fmt.Errorf("heartbeat incarnation: %w", err)
+	}
+	mc, err := heartbeat.NewMachine(heartbeat.Config{
+		ClusterID: st.Settings.ClusterID, Self: uint32(m.self), Incarnation: inc,
+		Period: st.Settings.HeartbeatPeriod, Tolerance: st.Settings.HeartbeatTolerance,
+	}.WithDefaults(), now, m.owned, lazyIntersect)
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	m.machine = mc
+	m.applyRules(now, st)
+	return nil
+}
+
+// owned is the machine's ownership function: the buckets this node owns in
+// view v under the rules of v (never under newer ones: a node must not
+// acquire for an old view with new rules). Unknown rules own nothing. The
+// set is computed later, by whoever reads it first (see lazySet).
+func (m *membership) owned(v heartbeat.View) *lazySet {
+	cfg := m.cfgs[v.RulesIndex]
+	if cfg == nil {
+		return &lazySet{f: func() filter.Grant { return filter.Grant{Buckets: filter.Set{}} }}
+	}
+	asg, elig, self := m.assigner, nodeIDs(v.Eligible), m.self
+	return &lazySet{f: func() filter.Grant { return asg.owned(cfg, elig, self) }}
+}
+
+// applyRules feeds a new rules state to the machine: the new rules index
+// (and so a new view, released at once under the new rules) first, the
+// registry after.
+func (m *membership) applyRules(now time.Time, st *rules.State) {
+	m.rs = st
+	m.cfgs[st.Index] = st.FilterConfig()
+	m.onRules(st)
+	m.setLocal(now)
+	peers := make(map[uint32]netip.AddrPort, len(st.Nodes))
+	m.peers = m.peers[:0]
+	for _, n := range st.Nodes {
+		if n.ID == m.self {
+			continue
+		}
+		// An unparsable address stays registered, and its heartbeats are
+		// dropped as coming from the wrong address.
+		ap, err := netip.ParseAddrPort(n.HeartbeatAddr)
+		peers[uint32(n.ID)] = ap
+		if err == nil {
+			m.peers = append(m.peers, ap)
+		}
+	}
+	m.machine.SetPeers(now, peers)
+	// Keep only the rules a view can still refer to.
+	for idx := range m.cfgs {
+		if idx != st.Index && idx != m.machine.View().RulesIndex {
+			delete(m.cfgs, idx)
+		}
+	}
+}
+
+// replicatedAdmin is this node's admin state in the rules.
+func (m *membership) replicatedAdmin() rules.AdminState {
+	if n := m.rs.Node(m.self); n != nil {
+		return n.Admin
+	}
+	return rules.AdminStopped
+}
+
+// admin is the admin state the tables follow: the replicated one, or
+// stopped during a graceful stop (a node about to exit keeps nothing).
+func (m *membership) admin() rules.AdminState {
+	if m.leaving {
+		return rules.AdminStopped
+	}
+	return m.replicatedAdmin()
+}
+
+// setLocal tells the machine what this node is. Draining and Connections
+// are the data plane's, as last pushed.
+func (m *membership) setLocal(now time.Time) {
+	m.machine.SetLocal(now, heartbeat.Local{
+		Admin: adminToHeartbeat(m.replicatedAdmin()), Healthy: m.health() && m.dpHealthy, Leaving: m.leaving,
+		RulesIndex: m.rs.Index, Seed: m.rs.Settings.HashSeed,
+		Draining: m.inKernel.draining,
+		Counters: heartbeat.Counters{Connections: uint64(m.inKernel.conns)},
+	})
+}
+
+// run is the membership goroutine.
+func (m *membership) run(ctx context.Context) {
+	rulesCh, stopSub := m.rules.Subscribe()
+	defer stopSub()
+	// Changes applied before the subscription started sent no notice.
+	m.applyRules(m.now(), m.rules.State())
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			for _, h := range m.handoffs {
+				close(h)
+			}
+			return
+		case r := <-m.msgs:
+			m.receive(r.msg, r.from)
+		case <-rulesCh:
+			m.applyRules(m.now(), m.rules.State())
+		case <-m.reports.ready:
+			m.takeReport(m.reports.take())
+		case f := <-m.ctl:
+			f()
+		case <-m.wake:
+		case <-timer.C:
+		}
+		next := m.step(m.now())
+		timer.Reset(max(time.Until(next), 0))
+	}
+}
+
+func (m *membership) receive(msg *heartbeat.Message, from netip.AddrPort) {
+	if m.plugged {
+		return
+	}
+	if err := m.machine.Receive(m.now(), msg, from); err != nil {
+		m.link.Reject(heartbeat.ReasonOf(err))
+	}
+}
+
+// takeReport learns what the kernel now holds.
+func (m *membership) takeReport(r pushReport) {
+	m.dpHealthy = r.healthy
+	if r.ok {
+		m.inKernel = r
+	}
+}
+
+// pushed reports whether the kernel holds the tables of the machine's
+// current view: only then may a heartbeat advertise it.
+func (m *membership) pushed() bool {
+	return m.inKernel.ok && m.inKernel.snap.hb.View.Equal(m.machine.View())
+}
+
+// step advances the machine, publishes what changed, and sends a heartbeat
+// when due. It returns when it wants to run next.
+func (m *membership) step(now time.Time) time.Time {
+	m.setLocal(now)
+	m.machine.Tick(now)
+	m.publish()
+	period := m.machine.Config().Period
+	due := m.machine.NextSend()
+	pushed := m.pushed()
+	if !pushed && m.lastSent.Add(period).After(due) {
+		// A new view waits for its tables, but liveness does not: the
+		// previous advertisement goes out on the usual schedule.
+		due = m.lastSent.Add(period)
+	}
+	if !m.plugged && !now.Before(due) {
+		m.send(now, pushed)
+	}
+	m.checkHandoff()
+	if pushed {
+		return m.machine.Wake()
+	}
+	// The machine's own wake-up may be the send it cannot make yet: look
+	// again soon (deaths and other deadlines are checked by Tick).
+	next := now.Add(period / 8)
+	if due.After(now) && due.Before(next) {
+		next = due
+	}
+	return next
+}
+
+// send sends a heartbeat: the machine's, when the kernel holds its view's
+// tables; otherwise one that advertises what the kernel holds, with a fresh
+// sequence number.
+func (m *membership) send(now time.Time, pushed bool) {
+	if !m.inKernel.ok {
+		return // nothing was ever pushed: there is nothing true to say yet
+	}
+	msg := m.machine.Outgoing(now)
+	if !pushed {
+		msg = readvertise(msg, m.inKernel)
+	}
+	m.lastSent = now
+	if err := m.link.Send(msg, m.peers); err != nil {
+		m.log.Debug("heartbeat send", "err", err)
+	}
+	// Every heartbeat renews the data plane's lease: if this goroutine
+	// stalls, the node stops taking new connections (after T-1 periods)
+	// before its peers declare it dead (T periods) and take over.
+	err := m.renew(m.leaseLength())
+	if err != nil && !m.leaseErr {
+		m.log.Error("renew xdp lease; owned buckets will drain when it ends", "err", err)
+	}
+	m.leaseErr = err != nil
+}
+
+// leaseLength is how long the data plane keeps accepting new connections
+// without a renewal: T-1 heartbeat periods.
+func (m *membership) leaseLength() time.Duration {
+	c := m.machine.Config()
+	return time.Duration(max(c.Tolerance-1, 1)) * c.Period
+}
+
+// readvertise returns fresh with every field that peers act on when they
+// decide ownership (view, draining buckets, eligibility) taken from the
+// state whose tables the kernel holds, which may be a view or two behind
+// the machine's. Fresh keeps its sequence number and counters, so peers
+// still hear a live node.
+func readvertise(fresh *heartbeat.Message, k pushReport) *heartbeat.Message {
+	out := *fresh
+	s := k.snap
+	out.View, out.Draining = s.hb.View, k.draining
+	out.Admin, out.Healthy, out.RulesIndex = adminToHeartbeat(s.replicated), s.healthy, s.rs.Index
+	out.Settled, out.Deaf, out.Leaving = s.hb.Settled, s.hb.Deaf, s.leaving
+	return &out
+}
+
+// publish hands a new snapshot to the data plane and the APIs when
+// anything in it changed.
+func (m *membership) publish() {
+	v := m.machine.Version()
+	old := m.snap.Load()
+	healthy := m.health() && m.dpHealthy
+	if old != nil && v == m.published && old.rs == m.rs && old.plugged == m.plugged &&
+		old.leaving == m.leaving && old.healthy == healthy {
+		return
+	}
+	m.published = v
+	m.gen++
+	s := &memberSnap{gen: m.gen, rs: m.rs, fcfg: m.cfgs[m.rs.Index], hb: m.machine.Status(),
+		admin: m.admin(), replicated: m.replicatedAdmin(), healthy: healthy, plugged: m.plugged, leaving: m.leaving}
+	if s.fcfg == nil || s.hb.View.RulesIndex != m.rs.Index {
+		// Not reachable: setLocal gave the machine rs.Index, so its view
+		// carries it. Never hand the data plane a view with other rules.
+		panic(fmt.Sprintf("agent: view of rules index %d published with rules %d", s.hb.View.RulesIndex, m.rs.Index))
+	}
+	m.snap.Store(s)
+	m.toDP.put(s)
+}
+
+// handoff starts a graceful stop: the node advertises it is leaving, and
+// the returned channel is closed once every live peer advertises a view
+// without it (or membership stops).
+func (m *membership) handoff(ctx context.Context) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	err := m.do(ctx, func() {
+		m.leaving = true
+		m.handoffs = append(m.handoffs, done)
+	})
+	return done, err
+}
+
+func (m *membership) checkHandoff() {
+	if len(m.handoffs) == 0 || !m.pushed() {
+		return
+	}
+	if !m.machine.Status().Released {
+		return
+	}
+	for _, h := range m.handoffs {
+		close(h)
+	}
+	m.handoffs = nil
+}
+
+// setPlug pulls or restores the virtual plug. Putting it back starts a
+// fresh incarnation, so the node listens before it takes anything, as a
+// node whose cable comes back after a restart.
+func (m *membership) setPlug(ctx context.Context, pulled bool) error {
+	var err error
+	if derr := m.do(ctx, func() {
+		if m.plugged == pulled {
+			return
+		}
+		m.plugged = pulled
+		m.log.Warn("virtual plug", "pulled", pulled)
+		if !pulled {
+			err = m.newMachine(m.now())
+		}
+	}); derr != nil {
+		return derr
+	}
+	return err
+}
+
+// do runs f on the membership goroutine.
+func (m *membership) do(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	select {
+	case m.ctl <- func() { f(); close(done) }:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	<-done
+	return nil
+}
+
+func (m *membership) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// mailbox passes the latest value of something from one goroutine to
+// another: put never blocks and replaces what was not taken yet.
+type mailbox[T any] struct {
+	ready chan struct{}
+	v     atomic.Pointer[T]
+}
+
+func newMailbox[T any]() *mailbox[T] { return &mailbox[T]{ready: make(chan struct{}, 1)} }
+
+func (b *mailbox[T]) put(v T) {
+	b.v.Store(&v)
+	select {
+	case b.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the latest value put; call it after a receive from ready.
+func (b *mailbox[T]) take() T {
+	if p := b.v.Load(); p != nil {
+		return *p
+	}
+	var zero T
+	return zero
+}
+
+func nodeIDs(ids []uint32) []filter.NodeID {
+	out := make([]filter.NodeID, len(ids))
+	for i, id := range ids {
+		out[i] = filter.NodeID(id)
+	}
+	return out
+}
+
+// sortedLive returns self and the live peers of st, sorted.
+func sortedLive(self filter.NodeID, st heartbeat.Status[*lazySet]) []filter.NodeID {
+	out := []filter.NodeID{self}
+	for _, p := range st.Peers {
+		if p.Live {
+			out = append(out, filter.NodeID(p.ID))
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,168 @@
+package agent
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// pipeLink delivers heartbeats straight into another member's inbox.
+type pipeLink struct {
+	inbox *[]*heartbeat.Message
+	sent  []time.Time
+	now   func() time.Time
+}
+
+func (l *pipeLink) Send(msg *heartbeat.Message, _ []netip.AddrPort) error {
+	*l.inbox = append(*l.inbox, msg)
+	l.sent = append(l.sent, l.now())
+	return nil
+}
+func (l *pipeLink) Reject(heartbeat.Reason) {}
+func (l *pipeLink) Stats() heartbeat.Stats  { return heartbeat.Stats{} }
+
+// staticRules is a rules source that only the test changes (through
+// applyRules), so that the test decides when each member learns of a change.
+type staticRules struct{ st *rules.State }
+
+func (s staticRules) State() *rules.State                  { return s.st }
+func (s staticRules) Subscribe() (<-chan struct{}, func()) { return nil, func() {} }
+
+func twoNodeRules(index uint64, weight1, weight2 int) *rules.State {
+	st := &rules.State{
+		Index:    index,
+		Settings: rules.Settings{ClusterID: 7, HashSeed: 1, HeartbeatPeriod: 100 * time.Millisecond, HeartbeatTolerance: 12},
+		VIPs:     []netip.Addr{netip.MustParseAddr("198.18.7.100")},
+		Rules: []filter.Rule{{ID: 1, VIP: netip.MustParseAddr("198.18.7.100"), PortLo: 80, PortHi: 80,
+			Proto: filter.ProtoTCP, Mode: filter.ModeMultiple, Affinity: filter.AffinityNone}},
+		LastRuleID: 1, LastNodeID: 2,
+	}
+	for i, w := range []int{weight1, weight2} {
+		st.Nodes = append(st.Nodes, rules.Node{ID: filter.NodeID(i + 1), Admin: rules.AdminStarted,
+			NodeInfo: rules.NodeInfo{Name: fmt.Sprintf("n%d", i+1), HostPriority: i + 1, HeartbeatAddr: fmt.Sprintf("127.0.0.1:%d", 7001+i)},
+			Rules:    map[filter.RuleID]filter.NodeRule{1: {Weight: w}}})
+	}
+	return st
+}
+
+// TestRulesAndViewApplyInOrder: a node never acquires for an old view with
+// new rules. Two members run in virtual time, heartbeats delivered at once;
+// a weight change that gives node 1 more buckets reaches node 1 first and
+// node 2 three periods later (replication lag), at every moment around
+// convergence in turn. At no time may both accept one bucket, and no member
+// may take a bucket it did not have except when its view converged.
+func TestRulesAndViewApplyInOrder(t *testing.T) {
+	const period = 100 * time.Millisecond
+	const dt = period / 10
+	r1, r2 := twoNodeRules(5, 50, 50), twoNodeRules(6, 90, 10)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	acquired := 0
+	for at := 0; at <= 80; at++ {
+		t.Run(fmt.Sprintf("change at %v", time.Duration(at)*dt), func(t *testing.T) {
+			now := time.Unix(1000, 0)
+			clock := func() time.Time { return now }
+			var inbox [2][]*heartbeat.Message
+			var ms [2]*membership
+			for i := range ms {
+				link := &pipeLink{inbox: &inbox[1-i], now: clock}
+				m := newMembership(filter.NodeID(i+1), testIncarnation, log, link, staticRules{r1}, func() bool { return true })
+				m.now = clock
+				if err := m.start(now); err != nil {
+					t.Fatal(err)
+				}
+				ms[i] = m
+			}
+			prev := [2]filter.Set{{}, {}}
+			for tick := 0; tick < 200; tick++ {
+				now = now.Add(dt)
+				if tick == at {
+					ms[0].applyRules(now, r2)
+				}
+				if tick == at+30 {
+					ms[1].applyRules(now, r2)
+				}
+				for i, m := range ms {
+					msgs := inbox[i]
+					inbox[i] = nil
+					for _, msg := range msgs {
+						// From the sender's registered address.
+						m.receive(msg, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 7001+(1-i))))
+					}
+					m.step(now)
+					// The data plane takes every table at once.
+					s := m.snap.Load()
+					m.takeReport(pushReport{snap: s, ok: true, healthy: true})
+				}
+				var acc [2]filter.Set
+				for i, m := range ms {
+					s := m.snap.Load()
+					acc[i] = s.hb.Accept.get().Buckets
+					if gained := minus(acc[i], prev[i]); gained.Count() > 0 {
+						acquired++
+						if !s.hb.Converged {
+							t.Fatalf("tick %d: node %d took %d buckets in view %v without converging on it",
+								tick, i+1, gained.Count(), s.hb.View)
+						}
+						if own := filter.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible)).Owned(m.self); minus(acc[i], own).Count() > 0 {
+							t.Fatalf("tick %d: node %d accepts buckets its view's rules (index %d) do not give it", tick, i+1, s.rs.Index)
+						}
+					}
+					prev[i] = acc[i]
+				}
+				if both := acc[0].Intersect(acc[1]).Count(); both > 0 {
+					t.Fatalf("tick %d: %d buckets accepted by both nodes", tick, both)
+				}
+			}
+			for i, m := range ms {
+				if s := m.snap.Load(); !s.hb.Converged || s.hb.View.RulesIndex != r2.Index {
+					t.Errorf("node %d never converged on the new rules: view %v converged %v", i+1, s.hb.View, s.hb.Converged)
+				}
+			}
+		})
+	}
+	if acquired == 0 {
+		t.Fatal("no member ever acquired a bucket: the test proves nothing")
+	}
+}
+
+// TestOwnedUsesTheViewsRules: whatever the order in which the machine sees
+// a rules change and its own new rules index, the buckets it would take for
+// a view are computed with that view's rules, never with newer ones.
+func TestOwnedUsesTheViewsRules(t *testing.T) {
+	r1, r2 := twoNodeRules(5, 50, 50), twoNodeRules(6, 90, 10)
+	now := time.Unix(1000, 0)
+	var inbox []*heartbeat.Message
+	m := newMembership(1, testIncarnation, slog.New(slog.NewTextHandler(io.Discard, nil)), &pipeLink{inbox: &inbox, now: time.Now},
+		staticRules{r1}, func() bool { return true })
+	if err := m.start(now); err != nil {
+		t.Fatal(err)
+	}
+	old := heartbeat.View{Eligible: []uint32{1, 2}, RulesIndex: r1.Index, Seed: 1}
+	under := func(st *rules.State) filter.Set {
+		return filter.Assign(st.FilterConfig(), []filter.NodeID{1, 2}).Owned(1)
+	}
+	if got, want := m.owned(old).get().Buckets, under(r1); !got.Equal(want) {
+		t.Fatalf("owned(view of rules %d) = %d buckets, want %d", r1.Index, got.Count(), want.Count())
+	}
+	m.applyRules(now, r2)
+	if more := minus(under(r2), under(r1)); more.Count() == 0 {
+		t.Fatal("the new rules give node 1 nothing more: the test proves nothing")
+	}
+	if extra := minus(m.owned(old).get().Buckets, under(r1)); extra.Count() > 0 {
+		t.Errorf("after the rules change, owned(view of rules %d) holds %d buckets only the new rules give", r1.Index, extra.Count())
+	}
+	if m.machine.View().RulesIndex != r2.Index {
+		t.Errorf("the machine's view %v is not of the new rules %d", m.machine.View(), r2.Index)
+	}
+	v2 := heartbeat.View{Eligible: []uint32{1, 2}, RulesIndex: r2.Index, Seed: 1}
+	if got, want := m.owned(v2).get().Buckets, under(r2); !got.Equal(want) {
+		t.Errorf("owned(view of rules %d) = %d buckets, want %d", r2.Index, got.Count(), want.Count())
+	}
+}

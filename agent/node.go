@@ -1,0 +1,133 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// node is an agent's running core: the membership, data-plane and tracking
+// goroutines and the heartbeat receiver, wired one way (membership ->
+// reconciler -> kernel, tracker -> reconciler, reconciler's reports ->
+// membership) through mailboxes that never block the sender. Run builds it
+// around the host; tests build it around fakes.
+type node struct {
+	self filter.NodeID
+	log  *slog.Logger
+	link *heartbeat.Transport
+	dp   dataplane
+	mem  *membership
+	rec  *reconciler
+	trk  *tracker
+}
+
+// nodeConfig is what a node is made of.
+type nodeConfig struct {
+	Self        filter.NodeID
+	Incarnation func() (uint64, error) // for every new machine (start, plug put back)
+	Log         *slog.Logger
+	Link        *heartbeat.Transport // the node closes it when it stops
+	Rules       rulesSource
+	Dataplane   dataplane
+	MAC         func() net.HardwareAddr // the interface's MAC, which accepted frames get
+	Scan        func(vips []netip.Addr) ([]conn, error)
+	Health      func() bool           // the node's health; nil is always healthy
+	OnRules     func(st *rules.State) // told of every rules state applied; must not block
+	OnPush      func(s *memberSnap)   // told of every snapshot whose tables went in
+	// RenewLease extends the data plane's lease on its owned buckets by d;
+	// membership calls it with every heartbeat it sends.
+	RenewLease func(d time.Duration) error
+	Finish     func(ctx context.Context) error // propose this node stopped once a drain ends
+	Announce   func()                          // gratuitous ARP after a view change
+}
+
+func newNode(c nodeConfig) (*node, error) {
+	if c.Health == nil {
+		c.Health = func() bool { return true }
+	}
+	mem := newMembership(c.Self, c.Incarnation, c.Log, c.Link, c.Rules, c.Health)
+	if c.OnRules != nil {
+		mem.onRules = c.OnRules
+	}
+	if c.RenewLease != nil {
+		mem.renew = c.RenewLease
+	}
+	if err := mem.start(mem.now()); err != nil {
+		return nil, err
+	}
+	trk := newTracker(c.Scan, c.Log)
+	rec := newReconciler(c.Self, c.Log, c.Dataplane, c.MAC, trk, mem.toDP, mem.reports)
+	if c.Finish != nil {
+		rec.finish = c.Finish
+	}
+	if c.Announce != nil {
+		rec.announce = c.Announce
+	}
+	if c.OnPush != nil {
+		rec.onPush = c.OnPush
+	}
+	return &node{self: c.Self, log: c.Log, link: c.Link, dp: c.Dataplane, mem: mem, rec: rec, trk: trk}, nil
+}
+
+// run runs the node until ctx ends, then stops every goroutine, closes the
+// heartbeat socket and waits for them. It returns the receiver's error.
+func (n *node) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	serveErr := make(chan error, 1)
+	wg.Go(func() {
+		serveErr <- n.link.Serve(func(m *heartbeat.Message, from netip.AddrPort) {
+			select {
+			case n.mem.msgs <- received{m, from}:
+			case <-ctx.Done():
+			}
+		})
+	})
+	wg.Go(func() { n.trk.run(ctx) })
+	wg.Go(func() { n.rec.run(ctx) })
+	wg.Go(func() { n.mem.run(ctx) })
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+		if err != nil {
+			err = fmt.Errorf("heartbeat receiver: %w", err)
+		}
+	}
+	cancel()
+	n.link.Close()
+	wg.Wait()
+	return err
+}
+
+// handoff advertises that this node stops (once its tables accept nothing)
+// and waits until every live peer advertises a view without it, or ctx ends.
+// It reports whether the handoff completed.
+func (n *node) handoff(ctx context.Context) bool {
+	done, err := n.mem.handoff(ctx)
+	if err != nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// poke tells the node something outside it changed (health, the link):
+// membership re-reads the health, the reconciler the interface's MAC.
+func (n *node) poke() {
+	n.mem.poke()
+	n.rec.poke()
+}

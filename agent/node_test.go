@@ -1,0 +1,408 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// These tests run whole nodes in-process: the real membership, reconciler
+// and tracker goroutines and the real heartbeat machine and UDP transport on
+// loopback, with the data plane and the socket scan replaced by fakes.
+
+var testKeys = func() *heartbeat.Keyring {
+	k, err := heartbeat.NewKeyring(make([]byte, heartbeat.KeySize))
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+// testIncarnation hands out growing incarnations, as a data directory would.
+var testIncarnations atomic.Uint64
+
+func testIncarnation() (uint64, error) { return testIncarnations.Add(1), nil }
+
+// fakeRules is a rules source whose state the test sets.
+type fakeRules struct {
+	mu   sync.Mutex
+	st   *rules.State
+	subs []chan struct{}
+}
+
+func (f *fakeRules) State() *rules.State {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st.Clone()
+}
+
+func (f *fakeRules) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	f.mu.Lock()
+	f.subs = append(f.subs, ch)
+	f.mu.Unlock()
+	return ch, func() {}
+}
+
+// set replaces the state (with the next index) and notifies subscribers.
+func (f *fakeRules) set(change func(st *rules.State)) {
+	f.mu.Lock()
+	st := f.st.Clone()
+	change(st)
+	st.Index = f.st.Index + 1
+	f.st = st
+	subs := f.subs
+	f.mu.Unlock()
+	for _, ch := range subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// fakeDP is a data plane that keeps the last tables it took ("the kernel")
+// and refuses or delays pushes as the test says.
+type fakeDP struct {
+	kernel  atomic.Pointer[filter.Tables]
+	refuse  atomic.Pointer[func(*filter.Tables) bool]
+	delay   atomic.Int64 // nanoseconds each Update takes
+	updates atomic.Uint64
+}
+
+func (d *fakeDP) Update(t *filter.Tables, _ net.HardwareAddr) error {
+	d.updates.Add(1)
+	time.Sleep(time.Duration(d.delay.Load()))
+	if f := d.refuse.Load(); f != nil && (*f)(t) {
+		return errors.New("injected failure: map update refused")
+	}
+	d.kernel.Store(t)
+	return nil
+}
+
+func (d *fakeDP) Counters() (filter.Counters, error) { return filter.Counters{}, nil }
+
+func (d *fakeDP) setRefuse(f func(*filter.Tables) bool) { d.refuse.Store(&f) }
+
+// accepting reports whether t takes new connections in any bucket.
+func accepting(t *filter.Tables) bool {
+	for _, states := range t.States {
+		for _, s := range states {
+			if s == filter.Owned || s == filter.OwnedDirty {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+type testNode struct {
+	id     filter.NodeID
+	link   *heartbeat.Transport
+	dp     *fakeDP
+	scan   atomic.Int64 // nanoseconds each scan takes
+	scans  atomic.Uint64
+	n      *node
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// testCluster is n registered nodes sharing one fake rules source; none
+// runs until started.
+type testCluster struct {
+	t     *testing.T
+	rules *fakeRules
+	nodes []*testNode
+}
+
+func newTestCluster(t *testing.T, n int, period time.Duration) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t}
+	st := &rules.State{
+		Index:    1,
+		Settings: rules.Settings{ClusterID: 7, HashSeed: 1, HeartbeatPeriod: period, HeartbeatTolerance: 12},
+		VIPs:     []netip.Addr{netip.MustParseAddr("198.18.7.100")},
+		Rules: []filter.Rule{{ID: 1, VIP: netip.MustParseAddr("198.18.7.100"), PortLo: 80, PortHi: 80,
+			Proto: filter.ProtoTCP, Mode: filter.ModeMultiple, Affinity: filter.AffinityNone}},
+		LastRuleID: 1,
+	}
+	for i := 1; i <= n; i++ {
+		link, err := heartbeat.Listen("127.0.0.1:0", 7, testKeys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { link.Close() })
+		tn := &testNode{id: filter.NodeID(i), link: link, dp: &fakeDP{}}
+		c.nodes = append(c.nodes, tn)
+		st.Nodes = append(st.Nodes, rules.Node{ID: tn.id, Admin: rules.AdminStarted, NodeInfo: rules.NodeInfo{
+			Name: fmt.Sprintf("n%d", i), HostPriority: i, HeartbeatAddr: link.LocalAddr().String()}})
+	}
+	st.LastNodeID = filter.NodeID(n)
+	c.rules = &fakeRules{st: st}
+	return c
+}
+
+// start runs node i (1-based) until the test ends.
+func (c *testCluster) start(i int) *testNode {
+	c.t.Helper()
+	tn := c.nodes[i-1]
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.Default().With("node", i)
+	}
+	n, err := newNode(nodeConfig{Self: tn.id, Incarnation: testIncarnation, Log: log, Link: tn.link, Rules: c.rules,
+		Dataplane: tn.dp, MAC: func() net.HardwareAddr { return net.HardwareAddr{2, 0, 0, 0, 0, byte(i)} },
+		Scan: func([]netip.Addr) ([]conn, error) {
+			tn.scans.Add(1)
+			time.Sleep(time.Duration(tn.scan.Load()))
+			return nil, nil
+		}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	tn.n = n
+	ctx, cancel := context.WithCancel(context.Background())
+	tn.cancel, tn.done = cancel, make(chan error, 1)
+	go func() { tn.done <- n.run(ctx) }()
+	c.t.Cleanup(func() {
+		cancel()
+		if err := <-tn.done; err != nil {
+			c.t.Errorf("node %d: %v", i, err)
+		}
+	})
+	return tn
+}
+
+// owners counts, per bucket of rule 1, the running nodes whose kernel
+// tables take new connections there.
+func (c *testCluster) owners() [filter.NumBuckets]int {
+	var out [filter.NumBuckets]int
+	for _, tn := range c.nodes {
+		t := tn.dp.kernel.Load()
+		if t == nil {
+			continue
+		}
+		for b, s := range t.States[1] {
+			if s == filter.Owned || s == filter.OwnedDirty {
+				out[b]++
+			}
+		}
+	}
+	return out
+}
+
+// checkOwners fails the test if any bucket has two owners, and reports
+// whether every bucket has one.
+func (c *testCluster) checkOwners() bool {
+	c.t.Helper()
+	all := true
+	for b, k := range c.owners() {
+		if k > 1 {
+			c.t.Fatalf("bucket %d has %d owners", b, k)
+		}
+		all = all && k == 1
+	}
+	return all
+}
+
+// await polls cond, checking that no bucket has two owners meanwhile.
+func (c *testCluster) await(what string, timeout time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		c.checkOwners()
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func viewOf(tn *testNode) heartbeat.View { return tn.n.mem.snap.Load().hb.View }
+
+func TestFailedPushLeavesTheEligibleSet(t *testing.T) {
+	c := newTestCluster(t, 4, 20*time.Millisecond)
+	n1, n2, n3 := c.start(1), c.start(2), c.start(3)
+	c.await("three nodes owning every bucket", 10*time.Second, c.checkOwners)
+
+	// From now on node 3's data plane refuses any table that takes new
+	// connections (as a map write that fails would), and node 4 joins, so
+	// node 3 must release some buckets to it: node 3 cannot push that, so
+	// it must not advertise the new view, and must leave the eligible set
+	// only once its kernel accepts nothing.
+	n3.dp.setRefuse(accepting)
+	n4 := c.start(4)
+	want := heartbeat.View{Eligible: []uint32{1, 2, 4}, RulesIndex: 1, Seed: 1}
+	c.await("nodes 1, 2 and 4 owning every bucket without node 3", 10*time.Second, func() bool {
+		for _, tn := range []*testNode{n1, n2, n4} {
+			if !viewOf(tn).Equal(want) {
+				return false
+			}
+		}
+		return c.checkOwners() && !accepting(n3.dp.kernel.Load())
+	})
+	st := n3.n.status()
+	if st.DataplaneHealthy || st.UpdateFailures == 0 || st.DataplaneError == "" {
+		t.Errorf("node 3 status: dataplane healthy %v, %d failures, error %q; want unhealthy, failures counted, the error",
+			st.DataplaneHealthy, st.UpdateFailures, st.DataplaneError)
+	}
+	// It keeps retrying (with backoff), and nothing ever has two owners.
+	u := n3.dp.updates.Load()
+	c.await("node 3 retrying", 5*time.Second, func() bool { return n3.dp.updates.Load() > u })
+
+	// Once its data plane takes tables again, node 3 comes back.
+	n3.dp.setRefuse(func(*filter.Tables) bool { return false })
+	c.await("node 3 back in every view", 20*time.Second, func() bool {
+		for _, tn := range []*testNode{n1, n2, n3, n4} {
+			if !viewOf(tn).Has(3) {
+				return false
+			}
+		}
+		return c.checkOwners() && accepting(n3.dp.kernel.Load())
+	})
+}
+
+// TestHeartbeatsKeepTimeUnderSlowWork: heartbeats go out every period,
+// within 10%, while table pushes and socket scans that each take three
+// periods run, and while metrics are scraped 20 at a time. Node 2 is only a
+// UDP socket that timestamps what node 1 sends.
+func TestHeartbeatsKeepTimeUnderSlowWork(t *testing.T) {
+	const period = 100 * time.Millisecond
+	c := newTestCluster(t, 2, period)
+	peer := c.nodes[1].link // never started: the test reads node 1's heartbeats from its socket
+	n1 := c.nodes[0]
+	n1.dp.delay.Store(int64(3 * period))
+	n1.scan.Store(int64(3 * period))
+	c.start(1)
+
+	type arrival struct {
+		at  time.Time
+		seq uint64
+	}
+	arrivals := make(chan arrival, 1000)
+	go peer.Serve(func(m *heartbeat.Message, _ netip.AddrPort) { arrivals <- arrival{time.Now(), m.Seq} })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	// Rules change every 250 ms: each is a new view, so a slow scan and a
+	// slow push, and the new view waits for them.
+	wg.Go(func() {
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				c.rules.set(func(st *rules.State) { st.Settings.HashSeed++ })
+			}
+		}
+	})
+	// Scrapes, 20 at a time, a round every period.
+	h := metricsHandler(n1.n)
+	scrapes := atomic.Int64{}
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			var round sync.WaitGroup
+			for range 20 {
+				round.Go(func() {
+					h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/metrics", nil))
+					scrapes.Add(1)
+				})
+			}
+			round.Wait()
+			time.Sleep(period)
+		}
+	})
+
+	// The first heartbeat waits for the first tables; then measure 3 s.
+	select {
+	case <-arrivals:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node 1 sent no heartbeat")
+	}
+	var got []arrival
+	start := time.Now()
+	for time.Since(start) < 3*time.Second {
+		select {
+		case a := <-arrivals:
+			got = append(got, a)
+		case <-time.After(time.Second):
+			t.Fatal("node 1 sent no heartbeat for a second")
+		}
+	}
+	cancel()
+	if len(got) < 25 {
+		t.Fatalf("%d heartbeats in 3 s, want about 30", len(got))
+	}
+	var worst time.Duration
+	for i := 1; i < len(got); i++ {
+		gap := got[i].at.Sub(got[i-1].at)
+		worst = max(worst, gap)
+		if gap > period*11/10 {
+			t.Errorf("heartbeat %d came %v after the previous one (period %v)", got[i].seq, gap.Round(time.Millisecond), period)
+		}
+	}
+	pushes, scans := n1.dp.updates.Load(), n1.scans.Load()
+	t.Logf("%d heartbeats, longest gap %v, %d slow pushes, %d slow scans, %d scrapes", len(got), worst.Round(time.Millisecond), pushes, scans, scrapes.Load())
+	if pushes < 5 || scans < 5 || scrapes.Load() < 400 {
+		t.Errorf("the slow work did not run: %d pushes, %d scans, %d scrapes", pushes, scans, scrapes.Load())
+	}
+}
+
+// TestGracefulStopHandsOff: a node that stops hands its buckets over
+// before it goes: it advertises stopped once its tables accept nothing, and
+// the handoff ends when every live peer advertises a view without it. No
+// bucket ever has two owners, and the peers then own every bucket.
+func TestGracefulStopHandsOff(t *testing.T) {
+	c := newTestCluster(t, 3, 20*time.Millisecond)
+	n1, n2, n3 := c.start(1), c.start(2), c.start(3)
+	c.await("three nodes owning every bucket", 10*time.Second, c.checkOwners)
+	done := make(chan bool, 1)
+	start := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		done <- n3.n.handoff(ctx)
+	}()
+	var ok bool
+	c.await("the handoff", 5*time.Second, func() bool {
+		select {
+		case ok = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	took := time.Since(start)
+	if !ok {
+		t.Fatalf("handoff did not complete (took %v)", took)
+	}
+	if accepting(n3.dp.kernel.Load()) {
+		t.Error("node 3 still accepts new connections after its handoff")
+	}
+	for _, tn := range []*testNode{n1, n2} {
+		if v := viewOf(tn); v.Has(3) {
+			t.Errorf("node %d's view %v still holds node 3 after the handoff", tn.id, v)
+		}
+	}
+	t.Logf("handoff took %v", took.Round(time.Millisecond))
+	c.await("nodes 1 and 2 owning every bucket", 5*time.Second, func() bool {
+		n3.cancel() // node 3 goes, as Run would once handed off
+		return c.checkOwners()
+	})
+}

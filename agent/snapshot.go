@@ -1,0 +1,75 @@
+package agent
+
+import (
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// The APIs and metrics read only what the goroutines publish (membership's
+// memberSnap, the reconciler's dataSnap): a scrape or a status request never
+// takes a lock a loop holds, and never delays a heartbeat.
+
+// status is the node's part of Status, from the published snapshots.
+func (n *node) status() Status {
+	ms, ds := n.mem.snap.Load(), n.rec.pub.Load()
+	st := ms.hb
+	s := Status{
+		NodeID: n.self, Admin: ms.admin.String(), Converged: st.Converged, Healthy: true,
+		RulesIndex: ms.rs.Index, TablesIndex: ds.tablesIndex, Connections: ds.conns, Plugged: ms.plugged,
+		View:      ViewInfo{Eligible: nodeIDs(st.View.Eligible), RulesIndex: st.View.RulesIndex, Seed: st.View.Seed},
+		Accepting: map[filter.RuleID]int{}, Draining: map[filter.RuleID]int{}, Dirty: map[filter.RuleID]int{},
+		Live:             sortedLive(n.self, st),
+		DataplaneHealthy: ds.healthy, DataplaneError: ds.lastErr, UpdateFailures: n.rec.failures.Load(),
+		Leaving: ms.leaving,
+	}
+	if ds.healthy {
+		s.DataplaneError = ""
+	}
+	if t := ds.tables; t != nil {
+		s.Dirty = stateCounts(t, filter.OwnedDirty)
+		s.Draining = stateCounts(t, filter.Draining)
+		for id, k := range stateCounts(t, filter.Owned) {
+			s.Accepting[id] = k + s.Dirty[id]
+		}
+		for id, k := range s.Dirty {
+			if _, ok := s.Accepting[id]; !ok {
+				s.Accepting[id] = k
+			}
+		}
+	}
+	return s
+}
+
+// params is the node's part of Params: packet and heartbeat counters.
+func (n *node) params() Params {
+	ms := n.mem.snap.Load()
+	p := Params{Settings: settingInfo(ms.rs.Settings), Packets: map[filter.RuleID]PacketCounters{},
+		Heartbeat: heartbeatStats(n.link.Stats()), ARP: map[string]uint64{}}
+	if c, err := n.dp.Counters(); err == nil {
+		for id, rc := range c {
+			pc := PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}}
+			for r, k := range rc.Dropped {
+				if k > 0 {
+					pc.Dropped[filter.DropReason(r).String()] = k
+				}
+			}
+			p.Packets[id] = pc
+		}
+	}
+	return p
+}
+
+func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
+	m := map[string]uint64{"sent": st.Sent, "send_errors": st.SendErrors, "received": st.Received, "accepted": st.Accepted}
+	for r, n := range st.Rejected {
+		if n > 0 {
+			m["rejected_"+heartbeat.Reason(r).String()] = n
+		}
+	}
+	return m
+}
+
+func settingInfo(s rules.Settings) SettingInfo {
+	return SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance}
+}
