@@ -141,7 +141,9 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 			}
 		},
 		OnPush: func(s *memberSnap) {
-			a.hist.observe(time.Now(), viewState{s.hb.View, s.hb.Converged, s.hb.Peers}, nodeNamer(s.rs))
+			if vc, ok := a.hist.observe(time.Now(), viewState{s.hb.View, s.hb.Converged, s.hb.Peers}, nodeNamer(s.rs)); ok {
+				log.Info("view changed", "cause", vc.Cause, "from", vc.From, "to", vc.To, "rules_index", vc.RulesIndex)
+			}
 		},
 		Announce: h.announce,
 		Finish: func(ctx context.Context) error {

@@ -166,11 +166,9 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		draining: toHeartbeat(p.draining), conns: r.held.conns})
 	r.publish()
 	r.onPush(s)
-	if viewChanged {
-		r.log.Info("view changed", "eligible", s.hb.View.Eligible, "rules_index", s.hb.View.RulesIndex, "converged", s.hb.Converged)
-		if !s.plugged {
-			r.announce()
-		}
+	// The view change itself is logged by onPush, with its cause.
+	if viewChanged && !s.plugged {
+		r.announce()
 	}
 	r.finishDrain(ctx, now, s)
 	return r.wakeIn(now)

@@ -257,9 +257,10 @@ type viewState struct {
 }
 
 // observe records what changed since the last status; name names a node.
-func (h *viewHistory) observe(now time.Time, st viewState, name func(filter.NodeID) string) {
+// It returns the view change it recorded, if the view changed.
+func (h *viewHistory) observe(now time.Time, st viewState, name func(filter.NodeID) string) (ViewChange, bool) {
 	if h == nil {
-		return
+		return ViewChange{}, false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -271,10 +272,12 @@ func (h *viewHistory) observe(now time.Time, st viewState, name func(filter.Node
 	}
 	if !h.started {
 		h.started, h.view, h.converged, h.since = true, st.View, st.Converged, now
-		return
+		return ViewChange{}, false
 	}
-	if !st.View.Equal(h.view) {
-		vc := ViewChange{At: now, From: h.names(h.view.Eligible), To: h.names(st.View.Eligible),
+	var vc ViewChange
+	changed := !st.View.Equal(h.view)
+	if changed {
+		vc = ViewChange{At: now, From: h.names(h.view.Eligible), To: h.names(st.View.Eligible),
 			RulesIndex: st.View.RulesIndex, Cause: h.cause(now, h.view, st.View, prevPeers)}
 		h.views = slices.Insert(h.views, 0, vc)[:min(len(h.views)+1, maxViewChanges)]
 		for _, id := range h.view.Eligible {
@@ -308,6 +311,7 @@ func (h *viewHistory) observe(now time.Time, st viewState, name func(filter.Node
 	if st.Converged != h.converged {
 		h.converged, h.since = st.Converged, now
 	}
+	return vc, changed
 }
 
 func (h *viewHistory) names(ids []uint32) []string {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
@@ -182,8 +183,11 @@ func TestViewHistory(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newViewHistory(1)
+			var logged []string // what the agent logs: each change once, with its cause
 			for _, s := range tc.steps {
-				h.observe(at(s.ms), s.st, name)
+				if vc, ok := h.observe(at(s.ms), s.st, name); ok {
+					logged = append([]string{vc.Cause}, logged...)
+				}
 			}
 			snap := h.snapshot()
 			var causes []string
@@ -195,6 +199,9 @@ func TestViewHistory(t *testing.T) {
 					c = v.ConvergedAfter.String()
 				}
 				conv = append(conv, c)
+			}
+			if diff := cmp.Diff(causes, logged, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("logged view changes differ from the recorded ones (-recorded +logged):\n%s", diff)
 			}
 			if diff := cmp.Diff(tc.causes, causes); diff != "" {
 				t.Errorf("causes (-want +got):\n%s", diff)
