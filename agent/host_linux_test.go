@@ -411,6 +411,13 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	if !onLo(hostVIP3) {
 		t.Error("vip added at runtime not on lo")
 	}
+	ipCmd(t, "addr", "del", hostVIP3.String()+"/32", "dev", "lo") // by hand: the host puts it back
+	pollFor(t, 5*time.Second, "a vip taken off lo put back", func() error {
+		if !onLo(hostVIP3) {
+			return fmt.Errorf("%s not on lo", hostVIP3)
+		}
+		return nil
+	})
 	h.setVIPs([]netip.Addr{hostVIP3})
 	pollFor(t, 5*time.Second, "a removed vip off lo", func() error {
 		if onLo(hostVIP1) {
@@ -424,6 +431,17 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	rec, err := loadHostRecord(dataDir)
 	if err != nil || !slices.Equal(rec.VIPs, []netip.Addr{hostVIP3}) {
 		t.Errorf("record vips %v (%v), want [%s]", rec.VIPs, err, hostVIP3)
+	}
+
+	// Over the reply rate, requests are counted and not answered.
+	limited := h.arpCounters()["rate_limited"]
+	h.arpLimit.SetBurst(0)
+	h.arpLimit.SetLimit(0)
+	if _, err := askARP(hostVIP3); err == nil {
+		t.Error("arp answered with no reply allowed by the rate limit")
+	}
+	if got := h.arpCounters()["rate_limited"]; got != limited+1 {
+		t.Errorf("rate_limited %d, want %d", got, limited+1)
 	}
 }
 

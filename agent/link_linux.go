@@ -207,8 +207,8 @@ func (h *host) subscribe() (<-chan netlink.LinkUpdate, func()) {
 	}
 }
 
-// sync brings the host in line with the interface as it is now, and
-// publishes the health that results.
+// sync brings the host in line with the interface and lo as they are now,
+// and publishes the health that results.
 func (h *host) sync(changed func()) {
 	defer h.publish()
 	link, err := netlink.LinkByName(h.ifname)
@@ -257,6 +257,8 @@ func (h *host) sync(changed func()) {
 			h.note("announce", h.arp.announce(h.vips))
 		}
 	}
+	// Puts back a VIP someone took off lo, retries a failed change.
+	h.note("vips", h.applyVIPs(h.vips))
 }
 
 // note logs a problem of a kind when it first appears or changes, and its
@@ -276,7 +278,7 @@ func (h *host) note(kind string, err error) {
 // publish computes the host's health from what run last found.
 func (h *host) publish() {
 	var reasons []error
-	for _, kind := range []string{"link", "sysctls", "xdp", "arp"} {
+	for _, kind := range []string{"link", "sysctls", "xdp", "arp", "vips"} {
 		if err, ok := h.lastErr[kind]; ok {
 			reasons = append(reasons, err)
 		}

@@ -148,6 +148,9 @@ func (h *host) setSysctls() error {
 	for _, s := range sysctls {
 		path := sysctlPath(h.ifname, s.name)
 		old, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) && s.name == "drop_unicast_in_l2_multicast" {
+			return fmt.Errorf("read %s: %w (the fail-safe needs Linux 4.6 or later)", path, err)
+		}
 		if err != nil {
 			return fmt.Errorf("read %s: %w", path, err)
 		}
@@ -210,19 +213,8 @@ func (h *host) applyVIPs(vips []netip.Addr) error {
 			added = append(added, vip)
 		}
 	}
-	for _, vip := range slices.Clone(h.rec.VIPs) {
-		if slices.Contains(vips, vip) {
-			continue
-		}
-		if err := removeVIP(lo, vip); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := h.rec.dropVIP(vip); err != nil {
-			return err
-		}
-		h.log.Info("vip removed from lo: no longer a cluster vip", "vip", vip)
-	}
+	// ARP answers for a VIP only while it is on lo: from after the additions
+	// above until before the removals below.
 	h.foreign = slices.DeleteFunc(h.foreign, func(v netip.Addr) bool { return !slices.Contains(vips, v) })
 	if len(added) > 0 && h.vips != nil {
 		h.log.Info("vips added to lo", "vips", added)
@@ -235,6 +227,19 @@ func (h *host) applyVIPs(vips []netip.Addr) error {
 		if err := h.arp.announce(added); err != nil {
 			h.log.Warn("gratuitous arp", "err", err)
 		}
+	}
+	for _, vip := range slices.Clone(h.rec.VIPs) {
+		if slices.Contains(vips, vip) {
+			continue
+		}
+		if err := removeVIP(lo, vip); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := h.rec.dropVIP(vip); err != nil {
+			return err
+		}
+		h.log.Info("vip removed from lo: no longer a cluster vip", "vip", vip)
 	}
 	return errors.Join(errs...)
 }
