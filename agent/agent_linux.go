@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
@@ -30,7 +31,10 @@ type Agent struct {
 	hist  *viewHistory  // view changes and failovers, for the status page
 	self  filter.NodeID // set once registered, before anything reads it
 	node  *node
-	link  *heartbeat.Transport // the node's; kept for key reloads
+	// running is the node once it runs: probes of this node are answered
+	// alive from then on, unless its plug is pulled.
+	running atomic.Pointer[node]
+	link    *heartbeat.Transport // the node's; kept for key reloads
 	// flowOwners caches assignments for `shoal query --flow`.
 	flowOwners ownersCache
 }
@@ -146,6 +150,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 			}
 		},
 		Announce: h.announce,
+		Probe:    peerAPICheck(newProbeClient(a.sec.certs)),
 		Finish: func(ctx context.Context) error {
 			_, err := a.store.Apply(ctx, &rules.SetAdminState{Node: a.self, State: rules.AdminStopped})
 			return err
@@ -209,6 +214,7 @@ func (a *Agent) runNode(ctx context.Context) error {
 	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- a.node.run(nctx) }()
+	a.running.Store(a.node)
 	select {
 	case err := <-done:
 		return err

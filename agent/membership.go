@@ -59,6 +59,7 @@ type membership struct {
 	published uint64           // machine version last published
 	snap      atomic.Pointer[memberSnap]
 	toDP      *mailbox[*memberSnap] // to the data plane
+	probes    *prober               // probes suspects; nil: none (tests)
 }
 
 // hbLink is what membership needs of the heartbeat transport.
@@ -220,6 +221,11 @@ func (m *membership) run(ctx context.Context) {
 	m.applyRules(m.now(), m.rules.State())
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var probed <-chan probeResult // nil without a prober: never ready
+	if m.probes != nil {
+		probed = m.probes.results
+		defer m.probes.wait() // ctx has ended: they answer nothing
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -235,10 +241,13 @@ func (m *membership) run(ctx context.Context) {
 			m.takeReport(m.reports.take())
 		case f := <-m.ctl:
 			f()
+		case r := <-probed:
+			m.takeProbe(r)
 		case <-m.wake:
 		case <-timer.C:
 		}
 		next := m.step(m.now())
+		m.probeSuspects(ctx)
 		timer.Reset(max(time.Until(next), 0))
 	}
 }

@@ -47,6 +47,7 @@ type nodeConfig struct {
 	RenewLease func(d time.Duration) error
 	Finish     func(ctx context.Context) error // propose this node stopped once a drain ends
 	Announce   func()                          // gratuitous ARP after a view change
+	Probe      probeCheck                      // asks a suspect's peer API if it is alive; nil: no probes
 }
 
 func newNode(c nodeConfig) (*node, error) {
@@ -59,6 +60,9 @@ func newNode(c nodeConfig) (*node, error) {
 	}
 	if c.RenewLease != nil {
 		mem.renew = c.RenewLease
+	}
+	if c.Probe != nil {
+		mem.probes = newProber(c.Probe)
 	}
 	if err := mem.start(mem.now()); err != nil {
 		return nil, err

@@ -92,6 +92,7 @@ func (a *Agent) peerHandler() http.Handler {
 	}
 	mux.Handle("GET /v1/peer/sample", a.store.Authorize(rules.MembersOnly, a.sampleHandler()))
 	mux.Handle("GET /v1/peer/flow", a.store.Authorize(rules.MembersOnly, a.flowPeerHandler()))
+	mux.Handle("GET "+pathAlive, a.store.Authorize(rules.MembersOnly, aliveHandler(a.outOfMembership)))
 	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.status())
 	})))
@@ -119,4 +120,15 @@ func (a *Agent) reportCommandLevel(ctx context.Context) {
 	if err := a.store.ReportCommandLevel(cctx); err != nil {
 		a.log.Warn("report this node's command level", "level", rules.CommandLevel, "err", err)
 	}
+}
+
+// outOfMembership reports whether this node takes no part in membership:
+// not running yet, or its virtual plug pulled. Probes are answered 503.
+func (a *Agent) outOfMembership() bool {
+	n := a.running.Load()
+	if n == nil {
+		return true
+	}
+	s := n.mem.snap.Load()
+	return s == nil || s.plugged
 }

@@ -1,0 +1,266 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shoalnet/shoal/heartbeat"
+)
+
+func TestProbeTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  heartbeat.Config
+		want time.Duration
+	}{
+		{"defaults", heartbeat.Config{}.WithDefaults(), 375 * time.Millisecond}, // (12/2-1) x 75 ms
+		{"fast profile", heartbeat.Config{Period: heartbeat.FastProfile.Period, Tolerance: heartbeat.FastProfile.Tolerance}, 100 * time.Millisecond},
+		{"odd tolerance", heartbeat.Config{Period: 100 * time.Millisecond, Tolerance: 5}, 150 * time.Millisecond},
+		{"tiny tolerance: half a period", heartbeat.Config{Period: 100 * time.Millisecond, Tolerance: 2}, 50 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := probeTimeout(tc.cfg); got != tc.want {
+				t.Errorf("probeTimeout = %v, want %v", got, tc.want)
+			}
+			// It must end before the peer would be declared dead.
+			if end := tc.cfg.Period*time.Duration(tc.cfg.Tolerance)/2 + probeTimeout(tc.cfg); end >= tc.cfg.Period*time.Duration(tc.cfg.Tolerance) {
+				t.Errorf("a probe may end at %v, not before death at T periods", end)
+			}
+		})
+	}
+}
+
+// tlsPeer serves h over TLS on loopback and returns its address and a
+// client trusting it, without keep-alives as the agent's probe client.
+func tlsPeer(t *testing.T, h http.Handler) (string, *http.Client) {
+	t.Helper()
+	ts := httptest.NewTLSServer(h)
+	t.Cleanup(ts.Close)
+	c := ts.Client()
+	c.Transport.(*http.Transport).DisableKeepAlives = true
+	return ts.Listener.Addr().String(), c
+}
+
+// TestPeerAPICheck probes real sockets on loopback: a live node, a plugged
+// one, one whose API is gone, one that accepts TCP and then says nothing,
+// and a peer of an older release without the endpoint.
+func TestPeerAPICheck(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	_, client := tlsPeer(t, http.NotFoundHandler()) // any TLS server's client will do for the raw cases
+	mux := func(plugged bool) http.Handler {
+		m := http.NewServeMux()
+		m.Handle("GET "+pathAlive, aliveHandler(func() bool { return plugged }))
+		return m
+	}
+
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held sync.WaitGroup
+	t.Cleanup(func() { silent.Close(); held.Wait() })
+	held.Add(1)
+	go func() {
+		defer held.Done()
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept() // and never answer the handshake
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+
+	for _, tc := range []struct {
+		name   string
+		addr   func() (string, *http.Client)
+		alive  bool
+		within time.Duration
+	}{
+		{"alive", func() (string, *http.Client) { return tlsPeer(t, mux(false)) }, true, timeout},
+		{"plugged", func() (string, *http.Client) { return tlsPeer(t, mux(true)) }, false, timeout},
+		{"older peer without the endpoint", func() (string, *http.Client) { return tlsPeer(t, http.NotFoundHandler()) }, true, timeout},
+		{"dead: connection refused", func() (string, *http.Client) { return deadAddr, client }, false, timeout},
+		{"accepts, never answers: timeout", func() (string, *http.Client) { return silent.Addr().String(), client }, false, timeout + 300*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, c := tc.addr()
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			start := time.Now()
+			got := peerAPICheck(c)(ctx, addr)
+			if took := time.Since(start); took > tc.within {
+				t.Errorf("probe took %v, want at most %v", took, tc.within)
+			}
+			if got != tc.alive {
+				t.Errorf("alive = %v, want %v", got, tc.alive)
+			}
+		})
+	}
+}
+
+func TestAliveHandler(t *testing.T) {
+	for _, tc := range []struct {
+		plugged bool
+		code    int
+	}{{false, http.StatusOK}, {true, http.StatusServiceUnavailable}} {
+		w := httptest.NewRecorder()
+		aliveHandler(func() bool { return tc.plugged }).ServeHTTP(w, httptest.NewRequest(http.MethodGet, pathAlive, nil))
+		if w.Code != tc.code {
+			t.Errorf("plugged %v: status %d, want %d", tc.plugged, w.Code, tc.code)
+		}
+		if tc.plugged && !strings.Contains(w.Body.String(), "plug") {
+			t.Errorf("plugged: body %q does not say why", w.Body.String())
+		}
+	}
+}
+
+// fakeChecks answers probes per address: "alive", "dead", or "hang" (until
+// the probe's deadline, as a dial to a host that does not answer). It records every call and each one's deadline.
+type fakeChecks struct {
+	mu        sync.Mutex
+	calls     map[string]int
+	deadlines map[string]time.Duration
+}
+
+func (f *fakeChecks) check(ctx context.Context, api string) bool {
+	f.mu.Lock()
+	f.calls[api]++
+	if d, ok := ctx.Deadline(); ok {
+		f.deadlines[api] = time.Until(d)
+	}
+	f.mu.Unlock()
+	switch api {
+	case "alive":
+		return true
+	case "hang":
+		<-ctx.Done()
+		return false
+	}
+	return false
+}
+
+func (f *fakeChecks) callsTo(api string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[api]
+}
+
+func newFakeChecks() *fakeChecks {
+	return &fakeChecks{calls: map[string]int{}, deadlines: map[string]time.Duration{}}
+}
+
+// TestProber drives the prober as the membership loop does: suspects in,
+// answers out, one probe per peer at a time, none without an address.
+func TestProber(t *testing.T) {
+	f := newFakeChecks()
+	p := newProber(f.check)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); p.wait() })
+	addrs := map[uint32]string{1: "alive", 2: "dead", 3: "hang", 5: ""}
+	apiAddr := func(id uint32) string { return addrs[id] }
+	const timeout = 100 * time.Millisecond
+
+	start := time.Now()
+	p.start(ctx, []uint32{1, 2, 3, 4, 5}, timeout, apiAddr)
+	p.start(ctx, []uint32{1, 2, 3, 4, 5}, timeout, apiAddr) // all in flight: nothing new
+	got := map[uint32]bool{}
+	deadline := time.After(5 * time.Second)
+	for len(got) < 3 {
+		select {
+		case r := <-p.results:
+			if _, dup := got[r.id]; dup {
+				t.Fatalf("two answers for peer %d", r.id)
+			}
+			got[r.id] = r.alive
+			p.done(r)
+		case <-deadline:
+			t.Fatalf("answers after 5 s: %v, want peers 1-3", got)
+		}
+	}
+	if took := time.Since(start); took > timeout+time.Second {
+		t.Errorf("hanging probes answered after %v, want about %v", took, timeout)
+	}
+	want := map[uint32]bool{1: true, 2: false, 3: false}
+	for id, alive := range want {
+		if got[id] != alive {
+			t.Errorf("peer %d: alive = %v, want %v", id, got[id], alive)
+		}
+	}
+	for _, api := range []string{"alive", "dead", "hang"} {
+		if n := f.callsTo(api); n != 1 {
+			t.Errorf("%s probed %d times, want 1 (one probe per peer at a time)", api, n)
+		}
+		if d := f.deadlines[api]; d <= 0 || d > timeout {
+			t.Errorf("%s: probe deadline %v away, want within %v", api, d, timeout)
+		}
+	}
+	if n := f.callsTo(""); n != 0 {
+		t.Errorf("a peer without an API address was probed %d times", n)
+	}
+
+	// Answered: the next start probes again.
+	p.start(ctx, []uint32{1}, timeout, apiAddr)
+	select {
+	case r := <-p.results:
+		p.done(r)
+		if r.id != 1 || !r.alive {
+			t.Errorf("second probe: %+v, want peer 1 alive", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer to the second probe")
+	}
+	if n := f.callsTo("alive"); n != 2 {
+		t.Errorf("alive probed %d times, want 2", n)
+	}
+}
+
+// TestProberStops: cancelling the probes' context ends a probe still
+// running, and its answer is not delivered.
+func TestProberStops(t *testing.T) {
+	f := newFakeChecks()
+	p := newProber(f.check)
+	ctx, cancel := context.WithCancel(context.Background())
+	p.start(ctx, []uint32{3}, time.Minute, func(uint32) string { return "hang" })
+	for until := time.Now().Add(5 * time.Second); f.callsTo("hang") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(until) {
+			t.Fatal("the probe did not start")
+		}
+	}
+	cancel()
+	done := make(chan struct{})
+	go func() { p.wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("wait did not return after cancel")
+	}
+	select {
+	case r := <-p.results:
+		// The probe may have won the race with cancel and answered; it
+		// must then say not alive (the peer never answered).
+		if r.alive {
+			t.Errorf("a cancelled probe answered alive: %+v", r)
+		}
+	default:
+	}
+}
