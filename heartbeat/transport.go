@@ -37,8 +37,13 @@ func Listen(addr string, clusterID uint32, kr *Keyring) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for heartbeats on %s: %w", addr, err)
 	}
+	growBuffers(conn)
 	return New(conn, clusterID, kr), nil
 }
+
+// socketBuffer is the heartbeat socket's receive buffer: about 2,000
+// heartbeats of a 64-node cluster.
+const socketBuffer = 4 << 20
 
 // New wraps an open PacketConn.
 func New(conn net.PacketConn, clusterID uint32, kr *Keyring) *Transport {
