@@ -669,3 +669,27 @@ func TestForwardedRetryAppliesOnce(t *testing.T) {
 		t.Errorf("%d rules after a retried request, want 1", len(s.Rules))
 	}
 }
+
+// TestFollowersApplyWithoutWaitingForCommitTimeout: an idle leader tells its
+// followers about commits only every CommitTimeout; a write must still reach
+// every replica at once.
+func TestFollowersApplyWithoutWaitingForCommitTimeout(t *testing.T) {
+	slow := testTiming
+	slow.CommitTimeout = 5 * time.Second
+	nodes := newClusterTiming(t, 3, slow, false)
+	leader, followers := leaderOf(t, nodes)
+	mustApply(t, leader, &PutVIP{VIP: vip1})
+	for i := range 3 {
+		start := time.Now()
+		res := mustApply(t, leader, putRule(uint16(2000+i)))
+		for _, f := range followers {
+			poll(t, 2*time.Second, "a follower applies the write", func() error {
+				if got := f.store.State().Index; got < res.Index {
+					return fmt.Errorf("%s at index %d, want %d", f.name, got, res.Index)
+				}
+				return nil
+			})
+		}
+		t.Logf("write %d applied everywhere after %v", i, time.Since(start))
+	}
+}

@@ -43,15 +43,18 @@ type Timing struct {
 }
 
 // DefaultTiming is the production Raft timing: hashicorp/raft's defaults for
-// failure detection (a LAN cluster), and a 5 ms commit timeout instead of
-// 50 ms so followers apply a change within a few milliseconds of the leader
-// (the rule-change-to-data-plane target is 250 ms p99).
+// failure detection (a LAN cluster) and a 500 ms commit timeout. The commit
+// timeout is how often an idle leader sends each follower an empty
+// AppendEntries: at 5 ms that was 130-200 TLS round trips a second per
+// follower, most of an idle agent's CPU (bench/idle.sh). Followers still
+// learn of a commit at once: every write is followed by a barrier, whose
+// replication carries the new commit index (see applyLocal).
 func DefaultTiming() Timing {
 	return Timing{
 		HeartbeatTimeout:   time.Second,
 		ElectionTimeout:    time.Second,
 		LeaderLeaseTimeout: 500 * time.Millisecond,
-		CommitTimeout:      5 * time.Millisecond,
+		CommitTimeout:      500 * time.Millisecond,
 	}
 }
 
@@ -583,6 +586,11 @@ func (s *Store) applyLocal(ctx context.Context, data []byte) (Result, error) {
 	if err := waitFuture(ctx, f); err != nil {
 		return Result{}, err
 	}
+	// A follower learns that an entry is committed from the next
+	// AppendEntries, which an idle leader sends only every CommitTimeout.
+	// Appending a barrier replicates at once, with the new commit index, so
+	// every follower applies the write now. Nothing waits for the barrier.
+	s.raft.Barrier(time.Second)
 	ar, ok := f.Response().(applyResult)
 	if !ok {
 		return Result{}, fmt.Errorf("rules fsm returned %T", f.Response())
