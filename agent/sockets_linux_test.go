@@ -370,7 +370,9 @@ func fillSockets(tb testing.TB, mode string, n int) {
 	}
 	conns, want := (n+1)/2, uint32(1<<tcpEstablished)
 	if mode == "timewait" {
-		conns, want = n, 1<<tcpTimeWait
+		// Closed by the client: TIME_WAIT once the server's FIN is back,
+		// FIN_WAIT until then (a loaded machine can take a while).
+		conns, want = n, 1<<tcpTimeWait|1<<tcpFinWait1|1<<tcpFinWait2
 		serve(tb, ln, func(c net.Conn) { io.Copy(io.Discard, c); c.Close() })
 	} else {
 		serve(tb, ln, nil)
