@@ -48,6 +48,12 @@ type Config struct {
 	// Drills enables the drill endpoint of the peer API (pulling this
 	// node's virtual plug from `shoal drill`); off by default.
 	Drills bool `yaml:"drills"`
+
+	// Reread, if set, reads the configuration again from where it came
+	// from (file, environment, flags). A key reload takes key_file and
+	// accept_key_files from it, so adding or removing a key in the config
+	// takes effect without a restart.
+	Reread func() (*Config, error) `yaml:"-"`
 }
 
 // TLSConfig selects the operator CA mode: the CA certificates to trust

@@ -33,10 +33,21 @@ func heartbeatKeyring(keys [][]byte) (*heartbeat.Keyring, error) {
 	return kr, nil
 }
 
-// reloadKeys rereads the key files and swaps in the keys for heartbeats
-// and TLS. Nothing changes unless every file reads and every key is good.
+// reloadKeys rereads the configuration's key_file and accept_key_files
+// (when it can reread the configuration) and the key files, and swaps in
+// the keys for heartbeats and TLS. Nothing changes unless the
+// configuration and every file read and every key is good. Only the one
+// goroutine of reloadOnSIGHUP calls it.
 func (a *Agent) reloadKeys() error {
-	keys, err := readKeys(a.cfg)
+	cfg := *a.cfg
+	if a.cfg.Reread != nil {
+		fresh, err := a.cfg.Reread()
+		if err != nil {
+			return fmt.Errorf("reread the configuration: %w", err)
+		}
+		cfg.KeyFile, cfg.AcceptKeyFiles = fresh.KeyFile, fresh.AcceptKeyFiles
+	}
+	keys, err := readKeys(&cfg)
 	if err != nil {
 		return err
 	}
@@ -44,7 +55,7 @@ func (a *Agent) reloadKeys() error {
 	if err != nil {
 		return err
 	}
-	opts := tlsOptions(a.cfg, keys[0])
+	opts := tlsOptions(&cfg, keys[0])
 	opts.Keys = keys
 	if err := a.sec.certs.Reload(opts); err != nil {
 		return err

@@ -33,23 +33,12 @@ var agentCommand = &cli.Command{
 			return cli.Exit(err.Error(), exitUsage)
 		}
 		slog.SetDefault(logger)
-		cfg, err := agent.LoadConfig(c.String("config"))
+		cfg, err := loadAgentConfig(c)
 		if err != nil {
-			return cli.Exit(err.Error(), exitUsage)
+			return err
 		}
-		if err := cfg.ApplyEnv(os.Getenv); err != nil {
-			return cli.Exit(err.Error(), exitUsage)
-		}
-		for _, name := range agentSettings {
-			if flag := flagName(name); c.IsSet(flag) {
-				if err := cfg.Set(name, c.String(flag)); err != nil {
-					return cli.Exit(err.Error(), exitUsage)
-				}
-			}
-		}
-		if err := cfg.Validate(); err != nil {
-			return cli.Exit("invalid configuration:\n"+err.Error(), exitUsage)
-		}
+		// A key reload (SIGHUP) rereads key_file and accept_key_files.
+		cfg.Reread = func() (*agent.Config, error) { return loadAgentConfig(c) }
 		if c.Bool("check") {
 			return nil
 		}
@@ -57,6 +46,29 @@ var agentCommand = &cli.Command{
 		defer stop()
 		return agent.Run(ctx, cfg)
 	},
+}
+
+// loadAgentConfig reads the configuration: the file, then SHOAL_*
+// variables, then flags; and validates it.
+func loadAgentConfig(c *cli.Context) (*agent.Config, error) {
+	cfg, err := agent.LoadConfig(c.String("config"))
+	if err != nil {
+		return nil, cli.Exit(err.Error(), exitUsage)
+	}
+	if err := cfg.ApplyEnv(os.Getenv); err != nil {
+		return nil, cli.Exit(err.Error(), exitUsage)
+	}
+	for _, name := range agentSettings {
+		if flag := flagName(name); c.IsSet(flag) {
+			if err := cfg.Set(name, c.String(flag)); err != nil {
+				return nil, cli.Exit(err.Error(), exitUsage)
+			}
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, cli.Exit("invalid configuration:\n"+err.Error(), exitUsage)
+	}
+	return cfg, nil
 }
 
 func settingFlags() []cli.Flag {

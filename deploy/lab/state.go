@@ -201,6 +201,7 @@ type AgentConfig struct {
 	VIPs            []string `yaml:"vips"`
 	DataDir         string   `yaml:"data_dir"`
 	KeyFile         string   `yaml:"key_file"`
+	AcceptKeyFiles  []string `yaml:"accept_key_files,omitempty"`
 	HeartbeatAddr   string   `yaml:"heartbeat_addr"`
 	RaftAddr        string   `yaml:"raft_addr"`
 	PeerAddr        string   `yaml:"peer_addr"`
