@@ -1,20 +1,30 @@
 package lab
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"github.com/google/gopacket/pcapgo"
 
 	"github.com/shoalnet/shoal/rules"
 )
@@ -39,6 +49,160 @@ func upSecurityLab(t *testing.T) (*Lab, context.Context) {
 		}
 	})
 	return l, ctx
+}
+
+// TestSecurityHeartbeatReplay captures node3's heartbeats on the switch,
+// kills node3's agent and replays them from node3's own address and port
+// (the address is on the LAN: anyone there can take it) and from the
+// client: the survivors keep node3 out of their view and every bucket
+// owned, and count the replays as rejected. Then node3 comes back (a new
+// incarnation) and the same datagrams, replayed again, change nothing.
+func TestSecurityHeartbeatReplay(t *testing.T) {
+	l, ctx := upSecurityLab(t)
+	node3 := l.Nodes[2]
+	survivors := l.Nodes[:2]
+	st := settled(ctx, t, l)
+	node3ID := st[2].NodeID
+	ruleIDs := RuleIDs(st)
+
+	hb := startUDPCapture(t, l.Switch, node3.BridgePort, node3.Addr, HeartbeatPort)
+	if err := Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
+		if n := hb.count(); n < 20 {
+			return fmt.Errorf("captured %d heartbeats of node3", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	grams := hb.stop()
+	t.Logf("captured %d heartbeats of node3", len(grams))
+
+	if err := l.Signal(node3.Name, "agent", syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var gone []NodeStatus
+	if err := Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
+		var err error
+		if gone, err = l.Statuses(ctx, survivors); err != nil {
+			return err
+		}
+		return Covered(gone, ruleIDs, node3ID)
+	}); err != nil {
+		t.Fatalf("survivors did not take node3's buckets: %v", err)
+	}
+
+	// From node3's own address and heartbeat port, its agent dead, and
+	// from the client; each captured datagram three times.
+	rej0 := rejectedHeartbeats(t, l, survivors)
+	stopWatch := watchHosts(ctx, t, l, survivors, func(s []NodeStatus) string {
+		if d := diffStatus(gone, s); d != "" {
+			return d
+		}
+		if err := Covered(s, ruleIDs, node3ID); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+	fromNode3 := sendUDP(t, node3.Namespace, netip.AddrPortFrom(node3.Addr, HeartbeatPort), grams, 3)
+	fromClient := sendUDP(t, l.Client.Namespace, netip.AddrPortFrom(l.Client.Addr, 0), grams, 3)
+	time.Sleep(time.Second) // a replay that worked would bring node3 back well within this
+	if n := stopWatch(); n != 0 {
+		t.Errorf("%d survivor samples during the replay of a dead node's heartbeats differed", n)
+	}
+	rej1 := rejectedHeartbeats(t, l, survivors)
+	t.Logf("replayed %d datagrams from node3's address, %d from the client; survivors' rejections %v -> %v", fromNode3, fromClient, rej0, rej1)
+	assertRejected(t, survivors, rej0, rej1, fromNode3, grams)
+
+	// node3 back: a new incarnation. The old datagrams are older still.
+	if _, err := l.Start(node3.Name, "agent", "agent", "--config", node3.Config); err != nil {
+		t.Fatal(err)
+	}
+	back := settled(ctx, t, l)
+	if err := Ready(back, 3); err != nil {
+		t.Fatal(err)
+	}
+	rej0 = rejectedHeartbeats(t, l, survivors)
+	stopWatch = watchHosts(ctx, t, l, l.Nodes, func(s []NodeStatus) string { return diffStatus(back, s) })
+	// node3's agent holds its heartbeat port now: send from another port
+	// of its address.
+	fromNode3 = sendUDP(t, node3.Namespace, netip.AddrPortFrom(node3.Addr, 0), grams, 3)
+	fromClient = sendUDP(t, l.Client.Namespace, netip.AddrPortFrom(l.Client.Addr, 0), grams, 3)
+	time.Sleep(time.Second)
+	if n := stopWatch(); n != 0 {
+		t.Errorf("%d samples during the replay after node3's restart differed", n)
+	}
+	rej1 = rejectedHeartbeats(t, l, survivors)
+	t.Logf("after node3's restart: replayed %d from node3's address, %d from the client; rejections %v -> %v", fromNode3, fromClient, rej0, rej1)
+	assertRejected(t, survivors, rej0, rej1, fromNode3, grams)
+}
+
+// assertRejected checks that each survivor counted as rejected at least
+// half of the replayed datagrams addressed to it (or to all: multicast).
+func assertRejected(t *testing.T, survivors []Host, before, after map[string]float64, sentRounds int, grams []datagram) {
+	t.Helper()
+	rounds := sentRounds / max(len(grams), 1)
+	for _, h := range survivors {
+		want := 0
+		for _, g := range grams {
+			if g.dst.Addr() == h.Addr || g.dst.Addr().IsMulticast() {
+				want += rounds
+			}
+		}
+		if got := after[h.Name] - before[h.Name]; got < float64(want)/2 || want == 0 {
+			t.Errorf("%s counted %v more rejected heartbeats; %d replays were addressed to it", h.Name, got, want)
+		}
+	}
+}
+
+// TestSecurityHeartbeatJunkFlood floods every node's heartbeat port for
+// 3 s with random datagrams of random sizes, from the client and from
+// node2's address, while the client opens a new connection per request
+// to the VIP: no view change, no failed request, and the junk from the
+// member's address is counted as rejected.
+func TestSecurityHeartbeatJunkFlood(t *testing.T) {
+	l, ctx := upSecurityLab(t)
+	before := settled(ctx, t, l)
+	rej0 := rejectedHeartbeats(t, l, l.Nodes)
+	stopWatch := watchHosts(ctx, t, l, l.Nodes, func(s []NodeStatus) string { return diffStatus(before, s) })
+
+	var targets []netip.AddrPort
+	for _, n := range l.Nodes {
+		targets = append(targets, netip.AddrPortFrom(n.Addr, HeartbeatPort))
+	}
+	var fromMember, fromClient atomic.Int64
+	var wg sync.WaitGroup
+	floodDone := make(chan struct{})
+	res, err := l.Load(ctx, LoadArgs{Duration: 5 * time.Second, Concurrency: 4, Rate: 200, Timeout: 2 * time.Second, OnStart: func() {
+		wg.Add(2)
+		go func() { defer wg.Done(); fromMember.Store(junkUDP(t, l.Nodes[1].Namespace, targets, 3*time.Second)) }()
+		go func() { defer wg.Done(); fromClient.Store(junkUDP(t, l.Client.Namespace, targets, 3*time.Second)) }()
+		go func() { wg.Wait(); close(floodDone) }()
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-floodDone:
+	case <-ctx.Done():
+		t.Fatal("the flood did not end")
+	}
+	changes := stopWatch()
+	rej1 := rejectedHeartbeats(t, l, l.Nodes)
+	t.Logf("junk datagrams: %d from node2's address, %d from the client; load: %d requests, %d failures; %d view changes; rejections %v -> %v",
+		fromMember.Load(), fromClient.Load(), res.Requests, res.Failures, changes, rej0, rej1)
+	if changes != 0 {
+		t.Errorf("%d status samples during the flood differed from before it", changes)
+	}
+	if res.Failures != 0 || res.Requests == 0 {
+		t.Errorf("load to the VIP during the flood: %d requests, %d failures %v", res.Requests, res.Failures, res.Errors)
+	}
+	// node2's junk to node1 and node3 comes from a registered address: the
+	// filter passes it, the agent rejects and counts it.
+	for _, h := range []Host{l.Nodes[0], l.Nodes[2]} {
+		if rej1[h.Name]-rej0[h.Name] < 100 {
+			t.Errorf("%s counted %v rejected heartbeats during a flood of %d junk datagrams from node2", h.Name, rej1[h.Name]-rej0[h.Name], fromMember.Load())
+		}
+	}
 }
 
 // TestSecurityKeyRotationUnderLoad runs the documented rotation
@@ -216,4 +380,166 @@ func watchHosts(ctx context.Context, t *testing.T, l *Lab, hosts []Host, differ 
 		}
 	}()
 	return func() int64 { cancel(); <-done; return changes.Load() }
+}
+
+// rejectedHeartbeats returns, per host, the sum of its
+// shoal_heartbeat_events_total{event="rejected_*"} counters, scraped from
+// the client.
+func rejectedHeartbeats(t *testing.T, l *Lab, hosts []Host) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: nsDialer(t, l.Client.Namespace)}}
+	defer c.CloseIdleConnections()
+	for _, h := range hosts {
+		resp, err := c.Get(fmt.Sprintf("http://%s:%d/metrics", h.Addr, MetricsPort))
+		if err != nil {
+			t.Fatalf("scrape %s: %v", h.Name, err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.HasPrefix(line, `shoal_heartbeat_events_total{event="rejected_`) {
+				continue
+			}
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatalf("%s: metric line %q: %v", h.Name, line, err)
+			}
+			out[h.Name] += v
+		}
+		resp.Body.Close()
+	}
+	return out
+}
+
+// datagram is one captured UDP payload and where it went.
+type datagram struct {
+	dst     netip.AddrPort
+	payload []byte
+}
+
+// udpCapture reads frames on one switch port and keeps the UDP datagrams
+// from src to port.
+type udpCapture struct {
+	mu    sync.Mutex
+	grams []datagram
+	h     *pcapgo.EthernetHandle
+	wg    sync.WaitGroup
+}
+
+func startUDPCapture(t *testing.T, sw, bridgePort string, src netip.Addr, port int) *udpCapture {
+	t.Helper()
+	c := &udpCapture{}
+	err := inNamespace(t, sw, func() error {
+		var err error
+		c.h, err = pcapgo.NewEthernetHandle(bridgePort)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("capture on %s: %v", bridgePort, err)
+	}
+	h := c.h
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		for {
+			data, _, err := h.ReadPacketData()
+			if err != nil {
+				return
+			}
+			p := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.NoCopy)
+			ip4, _ := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+			udp, _ := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
+			if ip4 == nil || udp == nil || int(udp.DstPort) != port {
+				continue
+			}
+			s, _ := netip.AddrFromSlice(ip4.SrcIP)
+			d, _ := netip.AddrFromSlice(ip4.DstIP)
+			if s != src {
+				continue
+			}
+			c.mu.Lock()
+			c.grams = append(c.grams, datagram{netip.AddrPortFrom(d, uint16(udp.DstPort)), bytes.Clone(udp.Payload)})
+			c.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { c.stop() })
+	return c
+}
+
+func (c *udpCapture) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.grams)
+}
+
+func (c *udpCapture) stop() []datagram {
+	if c.h != nil {
+		c.h.Close()
+		c.h = nil
+	}
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.grams
+}
+
+// sendUDP sends every datagram rounds times from a socket bound to from
+// in namespace ns, and returns how many it sent.
+func sendUDP(t *testing.T, ns string, from netip.AddrPort, grams []datagram, rounds int) int {
+	t.Helper()
+	var conn net.PacketConn
+	err := inNamespace(t, ns, func() error {
+		var err error
+		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(from))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("udp socket at %v in %s: %v", from, ns, err)
+	}
+	defer conn.Close()
+	sent := 0
+	for range rounds {
+		for _, g := range grams {
+			if _, err := conn.WriteTo(g.payload, net.UDPAddrFromAddrPort(g.dst)); err != nil {
+				t.Fatalf("replay to %v: %v", g.dst, err)
+			}
+			sent++
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return sent
+}
+
+// junkUDP sends random datagrams of random sizes (0 to 1472 bytes) to the
+// targets from namespace ns for d, paced to ~2000 per second, and returns
+// how many it sent.
+func junkUDP(t *testing.T, ns string, targets []netip.AddrPort, d time.Duration) int64 {
+	var conn net.PacketConn
+	err := inNamespace(t, ns, func() error {
+		var err error
+		conn, err = net.ListenPacket("udp4", ":0")
+		return err
+	})
+	if err != nil {
+		t.Errorf("udp socket in %s: %v", ns, err)
+		return 0
+	}
+	defer conn.Close()
+	buf := make([]byte, 1472)
+	var sent int64
+	deadline := time.Now().Add(d)
+	for i := 0; time.Now().Before(deadline); i++ {
+		n, _ := rand.Int(rand.Reader, big.NewInt(int64(len(buf)+1)))
+		b := buf[:n.Int64()]
+		rand.Read(b)
+		if _, err := conn.WriteTo(b, net.UDPAddrFromAddrPort(targets[i%len(targets)])); err == nil {
+			sent++
+		}
+		if i%20 == 19 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return sent
 }
