@@ -145,9 +145,16 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	// Encode first: a value that cannot be encoded is a 500 that says why,
+	// not a 200 with an empty body.
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("encode reply: %v", err), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
+	w.Write(append(b, '\n'))
 }
 
 // errBadRequest marks errors in what the caller sent.

@@ -53,7 +53,7 @@ type Config struct {
 	// from (file, environment, flags). A key reload takes key_file and
 	// accept_key_files from it, so adding or removing a key in the config
 	// takes effect without a restart.
-	Reread func() (*Config, error) `yaml:"-"`
+	Reread func() (*Config, error) `yaml:"-" json:"-"`
 }
 
 // TLSConfig selects the operator CA mode: the CA certificates to trust

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -151,5 +152,18 @@ func TestBootstrapHeartbeatProfile(t *testing.T) {
 	c := &Config{}
 	if err := c.Set("profile", "fast"); err != nil || c.Profile != "fast" {
 		t.Errorf("Set(profile, fast): %v, profile %q", err, c.Profile)
+	}
+}
+
+// TestParamsEncodeWithRereadHook: the agent's params carry its config, whose
+// Reread hook (a func) must not make them unencodable.
+func TestParamsEncodeWithRereadHook(t *testing.T) {
+	c := Config{NodeName: "web1", Reread: func() (*Config, error) { return nil, nil }}
+	b, err := json.Marshal(Params{Config: c})
+	if err != nil {
+		t.Fatalf("params with a Reread hook: %v", err)
+	}
+	if !strings.Contains(string(b), `"web1"`) {
+		t.Errorf("encoded params lack the config: %s", b)
 	}
 }
