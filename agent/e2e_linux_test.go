@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,8 +24,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/shoalnet/shoal/agent"
 	"github.com/shoalnet/shoal/deploy/lab"
@@ -419,42 +416,37 @@ func dialFromClient(t *testing.T, l *lab.Lab, n int) []*heldConn {
 // dialFromClientPort is dialFromClient from a given source port (0: any).
 func dialFromClientPort(t *testing.T, l *lab.Lab, n, port int) []*heldConn {
 	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = port
 	}
-	defer orig.Close()
-	target, err := netns.GetFromName(l.Client.Namespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		t.Fatal(err)
-	}
+	return dialVIP(t, l, ports)
+}
+
+// dialVIP opens one connection to the VIP's port 80 from the client
+// namespace for each source port (0: any).
+func dialVIP(t *testing.T, l *lab.Lab, ports []int) []*heldConn {
+	t.Helper()
 	var conns []*heldConn
-	var dialErr error
-	for i := 0; i < n; i++ {
-		d := net.Dialer{Timeout: 3 * time.Second}
-		if port != 0 {
-			d.LocalAddr = &net.TCPAddr{Port: port}
+	err := inClientNamespace(t, l, func() error {
+		for _, port := range ports {
+			d := net.Dialer{Timeout: 3 * time.Second}
+			if port != 0 {
+				d.LocalAddr = &net.TCPAddr{Port: port}
+			}
+			c, err := d.Dial("tcp", net.JoinHostPort(l.VIP.String(), "80"))
+			if err != nil {
+				return fmt.Errorf("from port %d: %w", port, err)
+			}
+			conns = append(conns, &heldConn{c: c, br: bufio.NewReader(c)})
 		}
-		c, err := d.Dial("tcp", net.JoinHostPort(l.VIP.String(), "80"))
-		if err != nil {
-			dialErr = err
-			break
+		return nil
+	})
+	if err != nil {
+		for _, c := range conns {
+			c.c.Close()
 		}
-		conns = append(conns, &heldConn{c: c, br: bufio.NewReader(c)})
-	}
-	if err := netns.Set(orig); err != nil {
-		// Leave the thread locked: it dies with the goroutine instead of
-		// serving others from the wrong namespace.
-		t.Fatalf("restore namespace: %v", err)
-	}
-	runtime.UnlockOSThread()
-	if dialErr != nil {
-		t.Fatalf("dial the VIP from the client: %v", dialErr)
+		t.Fatalf("dial the VIP from the client: %v", err)
 	}
 	return conns
 }

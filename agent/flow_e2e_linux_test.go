@@ -1,18 +1,13 @@
 package agent_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/url"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/shoalnet/shoal/agent"
 	"github.com/shoalnet/shoal/deploy/lab"
@@ -124,45 +119,14 @@ func TestE2EQueryFlow(t *testing.T) {
 }
 
 // dialFromPorts opens one connection to the VIP from each source port,
-// from the client namespace (see dialFromClientPort).
+// from the client namespace, closed when the test ends.
 func dialFromPorts(t *testing.T, l *lab.Lab, ports []int) []*heldConn {
 	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	target, err := netns.GetFromName(l.Client.Namespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		t.Fatal(err)
-	}
-	var conns []*heldConn
-	var dialErr error
-	for _, port := range ports {
-		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: port}}
-		c, err := d.Dial("tcp", net.JoinHostPort(l.VIP.String(), "80"))
-		if err != nil {
-			dialErr = fmt.Errorf("from port %d: %w", port, err)
-			break
-		}
-		conns = append(conns, &heldConn{c: c, br: bufio.NewReader(c)})
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("restore namespace: %v", err) // the locked thread dies with the goroutine
-	}
-	runtime.UnlockOSThread()
+	conns := dialVIP(t, l, ports)
 	t.Cleanup(func() {
 		for _, c := range conns {
 			c.c.Close()
 		}
 	})
-	if dialErr != nil {
-		t.Fatalf("dial the VIP from the client: %v", dialErr)
-	}
 	return conns
 }
