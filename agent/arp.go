@@ -8,12 +8,19 @@ import (
 	"github.com/mdlayher/arp"
 )
 
-// ClusterMAC is the multicast MAC that a VIP's ARP replies carry, as NLB's
-// multicast mode: 03:bf followed by the VIP's four bytes. Switches flood
-// frames for it to every port, so every node sees every packet for the VIP.
+// ClusterMAC is the multicast MAC that a VIP's ARP replies (and Neighbor
+// Advertisements) carry, as NLB's multicast mode: 03:bf followed by an IPv4
+// VIP's four bytes. An IPv6 VIP's is 03:be followed by its last four bytes:
+// the other second byte keeps it from ever equalling an IPv4 VIP's (for
+// 2001:db8::c612:1 and 198.18.0.1 alike). Switches flood frames for it to
+// every port, so every node sees every packet for the VIP.
 func ClusterMAC(vip netip.Addr) net.HardwareAddr {
-	b := vip.As4()
-	return net.HardwareAddr{0x03, 0xbf, b[0], b[1], b[2], b[3]}
+	if vip.Is4() {
+		b := vip.As4()
+		return net.HardwareAddr{0x03, 0xbf, b[0], b[1], b[2], b[3]}
+	}
+	b := vip.As16()
+	return net.HardwareAddr{0x03, 0xbe, b[12], b[13], b[14], b[15]}
 }
 
 const (

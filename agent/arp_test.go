@@ -10,9 +10,16 @@ import (
 )
 
 func TestClusterMAC(t *testing.T) {
-	got := ClusterMAC(netip.MustParseAddr("198.18.7.100")).String()
-	if got != "03:bf:c6:12:07:64" {
-		t.Errorf("cluster mac %s, want 03:bf:c6:12:07:64", got)
+	for vip, want := range map[string]string{
+		"198.18.7.100": "03:bf:c6:12:07:64",
+		"2001:db8::10": "03:be:00:00:00:10",
+		// The last four bytes of this IPv6 VIP are 198.18.7.100's: the
+		// second byte still tells them apart.
+		"2001:db8::c612:764": "03:be:c6:12:07:64",
+	} {
+		if got := ClusterMAC(netip.MustParseAddr(vip)).String(); got != want {
+			t.Errorf("ClusterMAC(%s) = %s, want %s", vip, got, want)
+		}
 	}
 }
 

@@ -73,8 +73,8 @@ func (c *Config) Rule(id RuleID) *Rule {
 // rules, valid weights and priorities.
 func (c *Config) Validate() error {
 	for i, v := range c.VIPs {
-		if !v.Is4() {
-			return fmt.Errorf("vip %s: only IPv4 VIPs are supported", v)
+		if err := checkFamily(v); err != nil {
+			return fmt.Errorf("vip %w", err)
 		}
 		if slices.Contains(c.VIPs[:i], v) {
 			return fmt.Errorf("vip %s listed twice", v)
@@ -115,6 +115,19 @@ func (c *Config) Validate() error {
 				return fmt.Errorf("node %d rule %d: invalid state %d", n.ID, id, nr.State)
 			}
 		}
+	}
+	return nil
+}
+
+// checkFamily accepts a VIP that is IPv4 or IPv6, without a zone and not
+// an IPv4-mapped IPv6 address (which would be a second name for an IPv4
+// VIP that packets never carry).
+func checkFamily(v netip.Addr) error {
+	switch {
+	case v.Zone() != "":
+		return fmt.Errorf("%s: a VIP has no zone", v)
+	case v.Is4In6():
+		return fmt.Errorf("%s: an IPv4-mapped address; use %s", v, v.Unmap())
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ type Affinity uint8
 const (
 	AffinityNone    Affinity = iota // client IP and client port
 	AffinitySingle                  // client IP
-	AffinityNetwork                 // client IPv4 /24
+	AffinityNetwork                 // client IPv4 /24 or IPv6 /64
 )
 
 // RuleState is the administrative state of a rule on one node.
@@ -88,11 +88,14 @@ func (r *Rule) Overlaps(o *Rule) bool {
 
 // Validate checks the rule's own fields.
 func (r *Rule) Validate() error {
+	if r.VIP.IsValid() {
+		if err := checkFamily(r.VIP); err != nil {
+			return fmt.Errorf("rule vip %w", err)
+		}
+	}
 	switch {
 	case r.ID == DefaultRule:
 		return fmt.Errorf("rule id 0 is reserved for the default rule")
-	case r.VIP.IsValid() && !r.VIP.Is4():
-		return fmt.Errorf("rule vip %s: only IPv4 VIPs are supported", r.VIP)
 	case r.PortLo > r.PortHi:
 		return fmt.Errorf("rule port range %d-%d: start is after end", r.PortLo, r.PortHi)
 	case r.Proto == 0 || r.Proto > ProtoBoth:

@@ -45,10 +45,13 @@ func checkVIP(vip netip.Addr) error {
 	switch {
 	case !vip.IsValid():
 		return fmt.Errorf("%w: vip is missing", ErrInvalid)
-	case !vip.Is4():
-		return fmt.Errorf("%w: vip %s: only IPv4 VIPs are supported", ErrInvalid, vip)
-	case vip.IsUnspecified() || vip.IsLoopback() || vip.IsMulticast() || vip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-		return fmt.Errorf("%w: vip %s: want a unicast address clients can reach", ErrInvalid, vip)
+	case vip.Zone() != "":
+		return fmt.Errorf("%w: vip %s: a VIP has no zone", ErrInvalid, vip)
+	case vip.Is4In6():
+		return fmt.Errorf("%w: vip %s: an IPv4-mapped address; write the IPv4 VIP as %s", ErrInvalid, vip, vip.Unmap())
+	case vip.IsUnspecified() || vip.IsLoopback() || vip.IsMulticast() || vip.IsLinkLocalUnicast() ||
+		vip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return fmt.Errorf("%w: vip %s: want a unicast address clients can reach (not link-local)", ErrInvalid, vip)
 	}
 	return nil
 }

@@ -216,7 +216,13 @@ func TestFSMErrors(t *testing.T) {
 		message string // a piece of the message that tells the operator what to do
 	}{
 		{"init twice", nil, &InitCluster{Settings: testSettings()}, ErrConflict, "already initialised"},
-		{"vip not ipv4", nil, &PutVIP{VIP: netip.MustParseAddr("2001:db8::1")}, ErrInvalid, "only IPv4"},
+		{"vip ipv4-mapped", nil, &PutVIP{VIP: netip.MustParseAddr("::ffff:198.18.0.9")}, ErrInvalid, "write the IPv4 VIP as 198.18.0.9"},
+		{"vip ipv6 link-local", nil, &PutVIP{VIP: netip.MustParseAddr("fe80::1")}, ErrInvalid, "not link-local"},
+		{"vip ipv6 zoned", nil, &PutVIP{VIP: netip.MustParseAddr("2001:db8::1%eth0")}, ErrInvalid, "no zone"},
+		{"vip ipv6 multicast", nil, &PutVIP{VIP: netip.MustParseAddr("ff02::1")}, ErrInvalid, "unicast"},
+		{"vip ipv6 loopback", nil, &PutVIP{VIP: netip.MustParseAddr("::1")}, ErrInvalid, "unicast"},
+		{"rule for unknown ipv6 vip", nil, &PutRule{Rule: filter.Rule{VIP: netip.MustParseAddr("2001:db8::9"), PortLo: 1, PortHi: 2, Proto: filter.ProtoTCP}}, ErrUnknownVIP, "add it first"},
+		{"rule for ipv4-mapped vip", nil, &PutRule{Rule: filter.Rule{VIP: netip.MustParseAddr("::ffff:198.18.0.100"), PortLo: 1, PortHi: 2, Proto: filter.ProtoTCP}}, ErrInvalid, "IPv4-mapped"},
 		{"vip multicast", nil, &PutVIP{VIP: netip.MustParseAddr("224.0.0.1")}, ErrInvalid, "unicast"},
 		{"vip missing", nil, &PutVIP{}, ErrInvalid, "missing"},
 		{"remove unknown vip", nil, &RemoveVIP{VIP: netip.MustParseAddr("198.18.0.9")}, ErrUnknownVIP, "not a cluster vip"},
@@ -469,6 +475,73 @@ func TestSnapshotValidationIsBounded(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("restoring %d rules took %v", maxSnapshotRules, d)
+	}
+}
+
+// TestIPv6VIPs: IPv6 VIPs and their rules go through the FSM, its
+// snapshots and its filter config like IPv4 ones, and count one each
+// against the data plane's VIP limit.
+func TestIPv6VIPs(t *testing.T) {
+	v6a, v6b := netip.MustParseAddr("2001:db8::100"), netip.MustParseAddr("2001:db8:1::c612:64") // v6b ends in vip1's bytes
+	tf := seeded(t)
+	tf.mustApply(&PutVIP{VIP: v6a})
+	tf.mustApply(&PutVIP{VIP: v6b})
+	r := tf.mustApply(&PutRule{Rule: filter.Rule{VIP: v6a, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP, Affinity: filter.AffinityNetwork}})
+	// Same ports as vip1's rule 1 on another VIP: no overlap.
+	tf.mustApply(&PutRule{Rule: filter.Rule{VIP: v6b, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP}})
+	if _, err := tf.apply(&PutRule{Rule: filter.Rule{VIP: v6a, PortLo: 70, PortHi: 90, Proto: filter.ProtoTCP}}); !errors.Is(err, ErrConflict) {
+		t.Errorf("overlapping rule on an IPv6 VIP: %v, want ErrConflict", err)
+	}
+	s := tf.f.current()
+	for spec, want := range map[string][]filter.RuleID{
+		"2001:db8::100":       {r.RuleID},
+		"[2001:db8::100]:80":  {r.RuleID},
+		"[2001:db8::100]:443": nil,
+	} {
+		got, err := s.ResolveRules(spec)
+		if want == nil {
+			if !errors.Is(err, ErrUnknownRule) {
+				t.Errorf("ResolveRules(%q) = %v, %v; want ErrUnknownRule", spec, got, err)
+			}
+			continue
+		}
+		if err != nil || !cmp.Equal(got, want) {
+			t.Errorf("ResolveRules(%q) = %v, %v; want %v", spec, got, err, want)
+		}
+	}
+	cfg := s.FilterConfig()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("filter config with IPv6 VIPs: %v", err)
+	}
+	if id, ok := cfg.Lookup(v6a, filter.ProtoTCP, 80); !ok || id != r.RuleID {
+		t.Errorf("Lookup(%s, tcp, 80) = %d, %v; want rule %d", v6a, id, ok, r.RuleID)
+	}
+
+	snap, err := tf.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	restored := newTestFSM(t)
+	if err := restored.f.Restore(io.NopCloser(&sink)); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(s, restored.f.current(), stateOpts); diff != "" {
+		t.Errorf("restored state with IPv6 VIPs (-want +got):\n%s", diff)
+	}
+
+	// 2 IPv4 and 2 IPv6 VIPs so far; IPv6 VIPs fill the rest of the limit.
+	for i := 4; i < filter.MaxVIPs; i++ {
+		tf.mustApply(&PutVIP{VIP: netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 4: 2, 15: byte(i)})})
+	}
+	if _, err := tf.apply(&PutVIP{VIP: netip.MustParseAddr("2001:db8::ffff")}); !errors.Is(err, filter.ErrCapacity) {
+		t.Errorf("VIP %d (IPv6): %v, want ErrCapacity", filter.MaxVIPs+1, err)
+	}
+	if _, err := tf.apply(&PutVIP{VIP: netip.MustParseAddr("198.18.9.9")}); !errors.Is(err, filter.ErrCapacity) {
+		t.Errorf("VIP %d (IPv4): %v, want ErrCapacity", filter.MaxVIPs+1, err)
 	}
 }
 

@@ -55,6 +55,16 @@ func TestIP2MAC(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "03:bf:c6:12:07:64") || !strings.Contains(out, "arp 198.18.7.100 03bf.c612.0764 ARPA") {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}
+	out, code = run(t, "ip2mac", "2001:db8::c612:764")
+	if code != 0 || !strings.Contains(out, "03:be:c6:12:07:64") || !strings.Contains(out, "ip -6 neigh replace 2001:db8::c612:764 lladdr 03:be:c6:12:07:64 nud permanent") ||
+		!strings.Contains(out, "ipv6 neighbor 2001:db8::c612:764 <interface> 03be.c612.0764") {
+		t.Errorf("IPv6 VIP: exit %d, output:\n%s", code, out)
+	}
+	for _, bad := range []string{"nonsense", "::ffff:198.18.7.100", "fe80::1%eth0"} {
+		if _, code := run(t, "ip2mac", bad); code != exitUsage {
+			t.Errorf("ip2mac %s: exit %d, want %d", bad, code, exitUsage)
+		}
+	}
 	if _, code := run(t, "ip2mac", "nonsense"); code != exitUsage {
 		t.Errorf("bad address: exit %d, want %d", code, exitUsage)
 	}
