@@ -45,6 +45,11 @@ type XDP struct {
 	slots   map[RuleID]uint32 // rule -> table slot and counter index
 	vipDir  [2][]uint32       // vips entries that may hold VIPs, per version
 	hbPeers map[shoalHbPeer]bool
+	// pending is a link adopted from pins (LoadPinnedXDP), attached with
+	// pendingMode; Attach moves it to this program.
+	pending     link.Link
+	pendingMode AttachMode
+	pinned      bool // Pin pinned everything; Release leaves it in the kernel
 
 	// putVIPs writes one VIP directory entry; tests make it fail.
 	putVIPs func(key uint32, vb *shoalVipBucket) error
@@ -96,6 +101,9 @@ func (x *XDP) Attach(ifname string) error {
 	if x.link != nil {
 		return fmt.Errorf("attach xdp to %s: already attached", ifname)
 	}
+	if x.attachPending(ifname) {
+		return nil
+	}
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
@@ -131,6 +139,7 @@ func (x *XDP) Detach() error {
 	if x.link == nil {
 		return nil
 	}
+	x.link.Unpin() // a pinned link outlives its last descriptor
 	err := x.link.Close()
 	x.link, x.mode = nil, AttachNone
 	if err != nil {
@@ -141,6 +150,13 @@ func (x *XDP) Detach() error {
 
 // Close detaches the program and frees it and its tables.
 func (x *XDP) Close() error {
+	x.mu.Lock()
+	x.unpin()
+	if x.pending != nil {
+		x.pending.Close()
+		x.pending = nil
+	}
+	x.mu.Unlock()
 	err := x.Detach()
 	if cerr := x.objs.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("close xdp objects: %w", cerr)

@@ -1,0 +1,147 @@
+//go:build linux
+
+package filter
+
+import (
+	"bytes"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/gopacket/layers"
+	"github.com/vishvananda/netlink"
+)
+
+// TestPinAdopt: a data plane pinned and released stays attached and keeps
+// judging by its tables with no process holding it; the next loader adopts
+// its tables and link as they are (same verdicts, same MAC, the lease
+// left), moves the link to its own program without detaching, and leaves
+// no pin behind; Close then detaches. Pins of another program are
+// replaced: the link is taken over, the tables are fresh.
+func TestPinAdopt(t *testing.T) {
+	ns := newNetns(t)
+	enterNetns(t, ns)
+	ifname := uniqueName("pa")
+	run(t, "ip", "-n", ns, "link", "add", ifname, "type", "veth", "peer", "name", ifname+"p")
+	run(t, "ip", "-n", ns, "link", "set", ifname, "up")
+	x := loadXDP(t)
+
+	vip := netip.MustParseAddr("198.18.0.1")
+	mac := []byte{0x02, 0, 0, 0, 0xaa, 1}
+	c := &Config{Seed: 77, VIPs: []netip.Addr{vip}, Rules: []Rule{{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Affinity: AffinityNone}}}
+	mine := &pkt{src: netip.MustParseAddr("198.18.5.5"), sport: 4000, dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true}
+	other := &pkt{src: netip.MustParseAddr("198.18.5.6"), sport: 4001, dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true}
+	st := new([NumBuckets]BucketState)
+	st[Bucket(77, AffinityNone, 0xc6120505, 4000)] = Owned
+	if st[Bucket(77, AffinityNone, 0xc6120506, 4001)] == Owned {
+		t.Skip("the two test flows share a bucket; pick others")
+	}
+	if err := x.Update(&Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{1: st}}, mac); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Attach(ifname); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.RenewLease(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join("/sys/fs/bpf", uniqueName("shoaltest"), "node")
+	t.Cleanup(func() { removePins(dir); os.Remove(filepath.Dir(dir)) })
+	rec, err := x.Pin(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if id := attachedProg(t, ifname); id == 0 {
+		t.Fatal("released: no program on the interface; want the pinned one attached")
+	}
+
+	y, ad, err := LoadPinnedXDP(dir, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { y.Close() })
+	if !ad.Link || !ad.Tables || !bytes.Equal(ad.MAC, mac) || ad.Lease <= 4*time.Second || ad.Lease > 5*time.Second {
+		t.Fatalf("adoption %+v; want link and tables, mac %x, a lease of 4-5 s", ad, mac)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("pin directory still there after adoption: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		p    *pkt
+		want uint32
+	}{{"owned flow", mine, xdpPass}, {"flow of another node", other, xdpDrop}} {
+		act, out, err := y.Run(tc.p.build())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if act != tc.want || act == xdpPass && !bytes.Equal(out[:6], mac) {
+			t.Errorf("%s through adopted tables: action %d, dst %x; want %d", tc.name, act, out[:6], tc.want)
+		}
+	}
+	if err := y.Attach(ifname); err != nil {
+		t.Fatal(err)
+	}
+	if y.Mode() != AttachGeneric {
+		t.Errorf("adopted link's mode %q, want generic (veth)", y.Mode())
+	}
+	info, err := y.Program().Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := info.ID(); attachedProg(t, ifname) != uint32(id) {
+		t.Errorf("interface runs program %d, want the adopter's %d", attachedProg(t, ifname), id)
+	}
+	// The adopter's own updates carry on from the adopted state.
+	if err := y.Update(&Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{}}, mac); err != nil {
+		t.Fatal(err)
+	}
+	if act, _, _ := y.Run(mine.build()); act != xdpDrop {
+		t.Errorf("after the adopter's update: owned flow action %d, want drop", act)
+	}
+
+	// Pins of another program: the link is taken over, the tables are not.
+	rec, err = y.Pin(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Program = "another"
+	if err := y.Release(); err != nil {
+		t.Fatal(err)
+	}
+	z, ad, err := LoadPinnedXDP(dir, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ad.Link || ad.Tables || !strings.Contains(ad.Why, "another program") {
+		t.Fatalf("stale pins: adoption %+v; want the link only, and why", ad)
+	}
+	if err := z.Attach(ifname); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if id := attachedProg(t, ifname); id != 0 {
+		t.Errorf("after Close the interface still runs program %d", id)
+	}
+}
+
+// attachedProg returns the id of the XDP program on ifname, 0 if none.
+func attachedProg(t *testing.T, ifname string) uint32 {
+	t.Helper()
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := l.Attrs().Xdp; x != nil && x.Attached {
+		return x.ProgId
+	}
+	return 0
+}
