@@ -249,3 +249,100 @@ func TestKeyring(t *testing.T) {
 		t.Errorf("a keyring took more than %d keys", MaxKeys)
 	}
 }
+
+// TestInherit: a node restarting after a restart window keeps the
+// accepting set its previous incarnation left while it listens, then the
+// usual rules apply: what its first view gives it is kept, the rest is
+// released at once; if the window ends first, it is dropped.
+func TestInherit(t *testing.T) {
+	full := toyOwned(1)(View{Eligible: []uint32{1, 2, 3}, RulesIndex: 5, Seed: 9}) // 6 of 16
+	stopped := func(h *harness, id uint32, elig ...uint32) *Message {
+		m := h.hb(id, elig...)
+		m.Admin = Stopped
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		// peer3 is peer 3's heartbeat: nil while it stays silent.
+		peer3      func(h *harness) *Message
+		until      time.Time
+		wantListen int // accepted while listening (heard 2 only)
+		wantAfter  int // once peer 3 is heard, or at 6 periods
+		wantOwn    int // once converged
+	}{
+		{"same view after settling", func(h *harness) *Message { return h.hb(3, 1, 2, 3) }, at(50), 6, 6, 6},
+		{"a peer left meanwhile", func(h *harness) *Message { return stopped(h, 3, 1, 2) }, at(50), 6, 3, 8},
+		{"the window ends before settling", nil, at(4), 6, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, 1, 2, 3)
+			h.m.Inherit(t0, full, tc.until)
+			if st := h.m.Status(); !st.Inheriting || toyCount(st.Accept) != 6 || st.View.Has(1) {
+				t.Fatalf("inherited: inheriting %v accept %d view %v", st.Inheriting, toyCount(st.Accept), st.View.Eligible)
+			}
+			h.step(at(0.5))
+			h.recv(at(1), h.hb(2, 1, 2, 3))
+			h.step(at(1.1))
+			if st := h.m.Status(); toyCount(st.Accept) != tc.wantListen || st.Settled {
+				t.Fatalf("listening, view %v: accept %d settled %v; want %d kept", st.View.Eligible, toyCount(st.Accept), st.Settled, tc.wantListen)
+			}
+			if w := h.m.Wake(); w.After(tc.until) {
+				t.Errorf("Wake %v after the end of the inheritance %v", w, tc.until)
+			}
+			if tc.peer3 != nil {
+				h.recv(at(2), tc.peer3(h))
+				h.recv(at(2.1), h.hb(2, 1, 2, 3)) // hears 3 now
+			}
+			h.step(at(6.1))
+			st := h.m.Status()
+			if toyCount(st.Accept) != tc.wantAfter || st.Inheriting {
+				t.Fatalf("after: view %v accept %d inheriting %v; want %d", st.View.Eligible, toyCount(st.Accept), st.Inheriting, tc.wantAfter)
+			}
+			if tc.peer3 == nil {
+				return
+			}
+			// Converged on the view: it owns what the view gives it.
+			h.recv(at(6.2), h.hb(2, st.View.Eligible...))
+			h.recv(at(6.3), tc.peer3(h))
+			h.step(at(6.4))
+			if st := h.m.Status(); !st.Converged || toyCount(st.Accept) != tc.wantOwn {
+				t.Errorf("converged %v on %v, accept %d; want %d", st.Converged, st.View.Eligible, toyCount(st.Accept), tc.wantOwn)
+			}
+		})
+	}
+	t.Run("a settled node inherits nothing", func(t *testing.T) {
+		h := newHarness(t, 1, 2)
+		now := converge2(h)
+		h.m.Inherit(now, full, now.Add(time.Second))
+		if st := h.m.Status(); st.Inheriting || toyCount(st.Accept) != 8 {
+			t.Errorf("inheriting %v accept %d; want its own 8", st.Inheriting, toyCount(st.Accept))
+		}
+	})
+}
+
+// TestRestartAcked: a node announcing a restart window knows once every
+// live peer acknowledges a heartbeat that carried it.
+func TestRestartAcked(t *testing.T) {
+	h := newHarness(t, 1, 2)
+	now := converge2(h)
+	h.local.RestartWindow = 2 * time.Second
+	h.m.SetLocal(now, h.local)
+	h.recv(now.Add(time.Millisecond), h.hb(2, 1, 2)) // acknowledges an older heartbeat
+	if h.m.RestartAcked() {
+		t.Fatal("acknowledged before any heartbeat carried the window")
+	}
+	msg := h.m.Outgoing(now.Add(2 * time.Millisecond))
+	if msg.RestartWindow != 2*time.Second {
+		t.Fatalf("heartbeat window %v, want 2s", msg.RestartWindow)
+	}
+	h.sent = msg.Seq
+	h.recv(now.Add(3*time.Millisecond), h.hb(2, 1, 2))
+	if !h.m.Status().RestartAcked {
+		t.Error("not acknowledged after the peer acknowledged the announcement")
+	}
+	h.local.RestartWindow = 0
+	h.m.SetLocal(now.Add(4*time.Millisecond), h.local)
+	if h.m.RestartAcked() {
+		t.Error("still acknowledged after the restart was called off")
+	}
+}

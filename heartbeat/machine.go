@@ -71,6 +71,12 @@ type Status[S any] struct {
 	// Released: every live peer advertises a view without this node (for a
 	// leaving node: its buckets are handed over, it may stop).
 	Released bool
+	// Inheriting: the accepting set is the one the previous incarnation
+	// left (Inherit), kept until this node settles or the inheritance ends.
+	Inheriting bool
+	// RestartAcked: this node announces a restart window and every live
+	// peer acknowledges a heartbeat that carried it.
+	RestartAcked bool
 	// Accept is the accepting set: the buckets where this node takes new
 	// connections. It is shared with the Machine and must not be modified.
 	Accept        S
@@ -151,6 +157,11 @@ type Machine[S any] struct {
 	excluded    bool
 	released    bool
 	sentInView  int
+	// inheriting: accept is the previous incarnation's (Inherit), until
+	// this node settles or inheritUntil passes.
+	inheriting   bool
+	inheritUntil time.Time
+	restartSeq   uint64 // the first heartbeat that announced the restart window; 0 if none
 
 	seq      uint64
 	tat      time.Time // the send budget, as a GCRA: see sendSoon
@@ -361,6 +372,34 @@ func (m *Machine[S]) Tick(now time.Time) {
 			m.version++
 		}
 	}
+	if m.inheriting && !now.Before(m.inheritUntil) {
+		// The peers' restart window ends: what they kept for this node is
+		// theirs to take again.
+		var zero S
+		m.inheriting, m.accept, m.acceptEmpty, m.acquired = false, zero, true, false
+		m.version++
+	}
+	m.recompute(now)
+}
+
+// Inherit gives this node, freshly started, the accepting set its previous
+// incarnation held when it stopped for a restart, having announced a
+// restart window: its peers keep that incarnation in their views, with its
+// buckets, until this one settles or the window ends, so this one keeps
+// accepting there meanwhile instead of starting empty. The set is kept
+// through every view adopted before settling (they cannot include this
+// node); once settled the usual rules apply to it (released at once to what
+// the view gives this node, yielded when excluded); at until, if not
+// settled by then, it is dropped. until must not be later than the end of
+// the window the peers were told (the agent uses the data-plane lease the
+// previous incarnation set, which ends a period before).
+func (m *Machine[S]) Inherit(now time.Time, accept S, until time.Time) {
+	if m.settled || !now.Before(until) {
+		return
+	}
+	m.accept, m.acceptEmpty, m.acquired = accept, false, false
+	m.inheriting, m.inheritUntil = true, until
+	m.version++
 	m.recompute(now)
 }
 
@@ -378,6 +417,9 @@ func (m *Machine[S]) SetLocal(now time.Time, l Local) {
 		m.version++
 		if old.Leaving != l.Leaving || old.RestartWindow != l.RestartWindow {
 			m.sendSoon(now)
+		}
+		if l.RestartWindow <= 0 {
+			m.restartSeq = 0
 		}
 	}
 	m.recompute(now)
@@ -435,6 +477,9 @@ func (m *Machine[S]) Outgoing(now time.Time) *Message {
 			msg.Acks = append(msg.Acks, Ack{Node: id, Incarnation: p.msg.Incarnation, Seq: m.seen[id].seq, Age: uint8(age)})
 		}
 	}
+	if msg.RestartWindow > 0 && m.restartSeq == 0 {
+		m.restartSeq = m.seq
+	}
 	m.sentInView++
 	m.tat = later(m.tat, now).Add(m.cfg.Period / time.Duration(sendBurst+len(m.ids)))
 	m.lastSent, m.nextSend = now, now.Add(m.cfg.Period)
@@ -485,6 +530,9 @@ func (m *Machine[S]) Wake() time.Time {
 		if p.restartMsg != nil {
 			earliest(p.restartUntil)
 		}
+	}
+	if m.inheriting {
+		earliest(m.inheritUntil)
 	}
 	if !m.selfBehind.IsZero() {
 		earliest(m.selfBehind.Add(m.period(m.cfg.LagGrace) + 1))
@@ -601,6 +649,7 @@ func (m *Machine[S]) recompute(now time.Time) {
 
 	if !m.settled && (now.Sub(m.listenFrom) >= m.period(m.cfg.Tolerance) && !m.unheardAlive(now) || m.heardAll()) {
 		m.settled = true
+		m.inheriting = false // from now on its view says what it may keep
 		m.version++
 	}
 
@@ -689,6 +738,10 @@ func (m *Machine[S]) adopt(now time.Time, v View) {
 	var zero S
 	m.cur, m.curValid = zero, false
 	switch {
+	case !v.Has(m.cfg.Self) && m.inheriting:
+		// Still listening after a restart: the peers keep the previous
+		// incarnation's buckets for it (see Inherit).
+		m.curValid = true
 	case !v.Has(m.cfg.Self):
 		// Not eligible: this node owns nothing in v.
 		m.curValid = true
@@ -764,7 +817,14 @@ func (m *Machine[S]) heardAll() bool {
 		return false
 	}
 	for _, id := range m.ids {
-		if p := m.peers[id]; p.msg == nil || p.lastHeard.Before(m.listenFrom) {
+		p := m.peers[id]
+		if p.msg == nil || p.lastHeard.Before(m.listenFrom) {
+			return false
+		}
+		if a, ok := ackOf(p.msg.Acks, m.cfg.Self); m.inheriting && (!ok || a.Incarnation != m.cfg.Incarnation) {
+			// An inheriting node settles early only once every peer hears
+			// it: its first view would otherwise leave out a peer that has
+			// not heard it yet, and that peer would yield all it holds.
 			return false
 		}
 	}
@@ -850,6 +910,7 @@ func (m *Machine[S]) Status() Status[S] {
 		View: m.view, AdoptedAt: m.adopted, Converged: m.converged, Excluded: m.excluded,
 		Settled: m.settled && !m.deaf, Deaf: m.deaf, Lagging: m.lagging(m.selfBehind, m.now), NewestRules: m.newest,
 		Released: m.released, Accept: m.accept, Deaths: m.deaths, Suspects: m.Suspects(),
+		Inheriting: m.inheriting, RestartAcked: m.RestartAcked(),
 	}
 	var draining []Buckets
 	for _, id := range m.ids {
@@ -873,6 +934,23 @@ func (m *Machine[S]) Status() Status[S] {
 	}
 	st.PeersDraining = Union(draining...)
 	return st
+}
+
+// RestartAcked is Status().RestartAcked without building the whole Status.
+func (m *Machine[S]) RestartAcked() bool {
+	if m.restartSeq == 0 {
+		return false
+	}
+	for _, id := range m.ids {
+		p := m.peers[id]
+		if !p.live {
+			continue
+		}
+		if a, ok := ackOf(p.msg.Acks, m.cfg.Self); !ok || a.Incarnation != m.cfg.Incarnation || a.Seq < m.restartSeq {
+			return false
+		}
+	}
+	return true
 }
 
 // Version is Status().Version without building the whole Status.

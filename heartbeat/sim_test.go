@@ -486,14 +486,21 @@ func (s *sim) cutLink(i, j, delta int) {
 
 // coverage reports whether the up nodes' accepting sets partition every
 // bucket of every rule: each bucket accepted by exactly one up node.
-func (s *sim) coverage() (ok bool, why string) {
+func (s *sim) coverage() (ok bool, why string) { return s.coverageWith() }
+
+// coverageWith is coverage with more sets accepting beside the up nodes'
+// (a restarting node's pinned data plane).
+func (s *sim) coverageWith(more ...filter.Set) (ok bool, why string) {
 	for _, rid := range s.fcfg.RuleIDs() {
 		var once, twice filter.Bitmap
+		sets := slices.Clone(more)
 		for _, n := range s.nodes {
-			if !n.up {
-				continue
+			if n.up {
+				sets = append(sets, n.accept)
 			}
-			if m := n.accept[rid]; m != nil {
+		}
+		for _, set := range sets {
+			if m := set[rid]; m != nil {
 				for i := range m {
 					twice[i] |= once[i] & m[i]
 					once[i] |= m[i]
