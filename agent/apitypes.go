@@ -106,6 +106,7 @@ type Params struct {
 	Packets   map[filter.RuleID]PacketCounters `json:"packets"`
 	Heartbeat map[string]uint64                `json:"heartbeat"`
 	ARP       map[string]uint64                `json:"arp"`
+	NDP       map[string]uint64                `json:"ndp"` // Neighbor Solicitations for the IPv6 VIPs, by outcome
 }
 
 // PacketCounters are one rule's data-plane counters.

@@ -123,10 +123,14 @@ func (a *arpResponder) serve() error {
 	}
 }
 
-// announce sends a gratuitous ARP for each of vips.
+// announce sends a gratuitous ARP for each IPv4 VIP of vips (the NDP
+// responder announces the IPv6 ones).
 func (a *arpResponder) announce(vips []netip.Addr) error {
 	var errs []error
 	for _, vip := range vips {
+		if !vip.Is4() {
+			continue
+		}
 		f := gratuitousARP(a.ownMAC(), vip)
 		if _, err := a.conn.WriteTo(f, &packet.Addr{HardwareAddr: broadcastMAC}); err != nil {
 			errs = append(errs, fmt.Errorf("gratuitous arp for %s: %w", vip, err))

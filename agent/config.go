@@ -251,8 +251,8 @@ func (c *Config) Validate() error {
 		bad("vips", "at least one VIP is required")
 	}
 	for _, v := range c.VIPs {
-		if !v.Is4() || v.IsLoopback() || v.IsMulticast() || v.IsUnspecified() {
-			bad("vips", "%s is not a usable IPv4 unicast address", v)
+		if err := usableVIP(v); err != nil {
+			bad("vips", "%v", err)
 		}
 	}
 	if c.DataDir == "" {
@@ -341,4 +341,20 @@ func ReadKey(path string) ([]byte, error) {
 		return nil, fmt.Errorf("cluster key %s: want 64 hex characters (32 bytes)", path)
 	}
 	return key, nil
+}
+
+// usableVIP accepts a unicast IPv4 or IPv6 address clients can reach. An
+// IPv6 VIP must not be link-local (clients beyond the link could not reach
+// it, and a zone has no place in the rules) nor v4-mapped (write the IPv4
+// address).
+func usableVIP(v netip.Addr) error {
+	switch {
+	case v.Is4In6():
+		return fmt.Errorf("%s is a v4-mapped address: write the IPv4 VIP %s", v, v.Unmap())
+	case v.Zone() != "" || v.IsLinkLocalUnicast():
+		return fmt.Errorf("%s is link-local: want an address clients beyond the link can reach", v)
+	case !v.IsValid() || v.IsLoopback() || v.IsMulticast() || v.IsUnspecified() || v == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return fmt.Errorf("%s is not a usable unicast address", v)
+	}
+	return nil
 }

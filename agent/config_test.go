@@ -45,6 +45,20 @@ func TestConfigValid(t *testing.T) {
 	}
 }
 
+// TestConfigIPv6VIP: an IPv6 VIP is accepted beside an IPv4 one.
+func TestConfigIPv6VIP(t *testing.T) {
+	c, err := LoadConfig(writeConfig(t, strings.Replace(goodConfig, "[198.18.7.100]", "[198.18.7.100, '2001:db8:0:7::100']", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a dual-stack config rejected: %v", err)
+	}
+	if len(c.VIPs) != 2 || !c.VIPs[1].Is6() {
+		t.Errorf("vips %v, want the IPv4 and the IPv6 one", c.VIPs)
+	}
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	tests := []struct {
 		name, replace, with, want string
@@ -52,6 +66,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"no node name", "node_name: node1", "node_name: ''", "node_name"},
 		{"bad vip", "[198.18.7.100]", "[300.1.1.1]", "vips"},
 		{"multicast vip", "[198.18.7.100]", "[224.0.0.1]", "vips"},
+		{"ipv6 multicast vip", "[198.18.7.100]", "['ff02::1']", "vips"},
+		{"link-local vip", "[198.18.7.100]", "['fe80::1']", "vips"},
+		{"v4-mapped vip", "[198.18.7.100]", "['::ffff:198.18.7.100']", "vips"},
 		{"no port", "198.18.7.11:7946", "198.18.7.11", "heartbeat_addr"},
 		{"hostname for raft", "198.18.7.11:7947", "node1:7947", "raft_addr"},
 		{"bootstrap and join", "bootstrap: true", "bootstrap: true\njoin: [198.18.7.12:7948]", "bootstrap/join"},

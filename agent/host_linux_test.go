@@ -94,7 +94,7 @@ type nsHostState struct {
 func readHostState(t *testing.T, ns, dataDir string) nsHostState {
 	t.Helper()
 	var st nsHostState
-	for _, f := range strings.Fields(mustIP(t, "-n", ns, "-4", "-o", "addr", "show", "dev", "lo")) {
+	for _, f := range strings.Fields(mustIP(t, "-n", ns, "-o", "addr", "show", "dev", "lo")) {
 		if strings.Contains(f, "/") {
 			st.LoAddrs = append(st.LoAddrs, f)
 		}
@@ -223,6 +223,8 @@ func TestHostCrashRecovery(t *testing.T) {
 		{"clean stop", []run{{[]netip.Addr{hostVIP1}, syscall.SIGTERM}}},
 		{"kill, restart, stop", []run{{[]netip.Addr{hostVIP1, hostVIP2}, syscall.SIGKILL}, {[]netip.Addr{hostVIP1, hostVIP2}, syscall.SIGTERM}}},
 		{"kill, restart without a vip, stop", []run{{[]netip.Addr{hostVIP1, hostVIP2}, syscall.SIGKILL}, {[]netip.Addr{hostVIP2}, syscall.SIGTERM}}},
+		{"ipv6: kill, restart without it, stop", []run{{[]netip.Addr{hostVIP1, hostVIP6}, syscall.SIGKILL}, {[]netip.Addr{hostVIP1}, syscall.SIGTERM}}},
+		{"ipv6: kill, restart, stop", []run{{[]netip.Addr{hostVIP6}, syscall.SIGKILL}, {[]netip.Addr{hostVIP6, hostVIP2}, syscall.SIGTERM}}},
 		{"killed twice", []run{{[]netip.Addr{hostVIP1}, syscall.SIGKILL}, {[]netip.Addr{hostVIP1, hostVIP2}, syscall.SIGKILL}, {[]netip.Addr{hostVIP1}, syscall.SIGTERM}}},
 	}
 	for _, tc := range tests {
@@ -240,7 +242,7 @@ func TestHostCrashRecovery(t *testing.T) {
 				c := startHostChild(t, ns, dataDir, r.vips...)
 				st := readHostState(t, ns, dataDir)
 				for _, v := range r.vips {
-					if !slices.Contains(st.LoAddrs, v.String()+"/32") {
+					if !slices.Contains(st.LoAddrs, netip.PrefixFrom(v, v.BitLen()).String()) {
 						t.Errorf("run %d: vip %s not on lo: %v", i, v, st.LoAddrs)
 					}
 				}
@@ -294,7 +296,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	h, err := setupHost(hostConfig{Interface: hostTestIf, DataDir: dataDir, VIPs: []netip.Addr{hostVIP1}})
+	h, err := setupHost(hostConfig{Interface: hostTestIf, DataDir: dataDir, VIPs: []netip.Addr{hostVIP1, hostVIP6}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,10 +351,12 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	}
 	pollFor(t, 5*time.Second, "healthy at start", healthy)
 	pollFor(t, 5*time.Second, "arp answered at start", answeredBy(hostVIP1, ifMAC()))
+	pollFor(t, 5*time.Second, "ndp answered at start", answeredNDP(t, hostVIP6, ifMAC()))
 
 	ipCmd(t, "link", "set", "dev", hostTestIf, "down")
 	ipCmd(t, "link", "set", "dev", hostTestIf, "up")
 	pollFor(t, 5*time.Second, "arp answered after link down and up", answeredBy(hostVIP1, ifMAC()))
+	pollFor(t, 5*time.Second, "ndp answered after link down and up", answeredNDP(t, hostVIP6, ifMAC()))
 	t.Logf("arp counters after the flap: %v", h.arpCounters())
 
 	newMAC := net.HardwareAddr{0x02, 0x5e, 0x10, 0x00, 0x00, 0x99}
@@ -374,6 +378,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	push() // what the agent does when told
 	pollFor(t, 5*time.Second, "healthy with the new mac pushed", healthy)
 	pollFor(t, 5*time.Second, "arp replies from the new mac", answeredBy(hostVIP1, newMAC))
+	pollFor(t, 5*time.Second, "ndp replies from the new mac", answeredNDP(t, hostVIP6, newMAC))
 
 	ipCmd(t, "link", "del", hostTestIf)
 	pollFor(t, 5*time.Second, "unhealthy without the interface", func() error {
@@ -393,6 +398,10 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 		return healthy()
 	})
 	pollFor(t, 5*time.Second, "arp answered on the recreated interface", answeredBy(hostVIP1, ifMAC()))
+	pollFor(t, 5*time.Second, "ndp answered on the recreated interface", answeredNDP(t, hostVIP6, ifMAC()))
+	if out := ipCmd(t, "-6", "maddr", "show", "dev", hostTestIf); !strings.Contains(out, solicitedNode(hostVIP6).String()) {
+		t.Errorf("solicited-node group not joined on the recreated interface:\n%s", out)
+	}
 	if out := ipCmd(t, "link", "show", "dev", hostTestIf); !strings.Contains(out, "xdp") {
 		t.Errorf("xdp not attached to the recreated interface: %s", out)
 	}
@@ -401,12 +410,15 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 			t.Errorf("recreated interface: %s = %q, want %s", name, b, want)
 		}
 	}
+	if b, _ := os.ReadFile(sysctl6Path(hostTestIf, "drop_unicast_in_l2_multicast")); strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("recreated interface: ipv6 drop_unicast_in_l2_multicast = %q, want 1", b)
+	}
 
 	onLo := func(vip netip.Addr) bool {
 		return strings.Contains(ipCmd(t, "-4", "addr", "show", "dev", "lo"), " "+vip.String()+"/32")
 	}
-	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3})
-	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3}) // again: changes nothing
+	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6})
+	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6}) // again: changes nothing
 	pollFor(t, 5*time.Second, "a vip added at runtime answered", answeredBy(hostVIP3, ifMAC()))
 	if !onLo(hostVIP3) {
 		t.Error("vip added at runtime not on lo")
@@ -423,8 +435,17 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 		if onLo(hostVIP1) {
 			return fmt.Errorf("%s still on lo", hostVIP1)
 		}
+		if strings.Contains(ipCmd(t, "-6", "addr", "show", "dev", "lo"), hostVIP6.String()) {
+			return fmt.Errorf("%s still on lo", hostVIP6)
+		}
 		return nil
 	})
+	if nas := solicit(t, "", hostVIP6, 300*time.Millisecond); len(nas) != 0 {
+		t.Errorf("ndp still answered for the removed vip %s: %v", hostVIP6, nas)
+	}
+	if out := ipCmd(t, "-6", "maddr", "show", "dev", hostTestIf); strings.Contains(out, solicitedNode(hostVIP6).String()) {
+		t.Errorf("solicited-node group of the removed vip still joined:\n%s", out)
+	}
 	if _, err := askARP(hostVIP1); err == nil {
 		t.Errorf("arp still answered for the removed vip %s", hostVIP1)
 	}
@@ -442,6 +463,17 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	}
 	if got := h.arpCounters()["rate_limited"]; got != limited+1 {
 		t.Errorf("rate_limited %d, want %d", got, limited+1)
+	}
+	h.setVIPs([]netip.Addr{hostVIP3, hostVIP6})
+	pollFor(t, 5*time.Second, "an ipv6 vip added at runtime answered", answeredNDP(t, hostVIP6, ifMAC()))
+	limited6 := h.ndpCounters()["rate_limited"]
+	h.ndpLimit.SetBurst(0)
+	h.ndpLimit.SetLimit(0)
+	if nas := solicit(t, "", hostVIP6, 300*time.Millisecond); len(nas) != 0 {
+		t.Errorf("ndp answered with no reply allowed by the rate limit: %v", nas)
+	}
+	if got := h.ndpCounters()["rate_limited"]; got != limited6+1 {
+		t.Errorf("ndp rate_limited %d, want %d", got, limited6+1)
 	}
 }
 

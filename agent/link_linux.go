@@ -20,8 +20,8 @@ import (
 // repair.
 const hostRecheck = time.Second
 
-// arpReopenPause: a responder that fails again this soon after the last
-// failure is reopened at the next check, not at once.
+// arpReopenPause: a responder (ARP or NDP) that fails again this soon
+// after the last failure is reopened at the next check, not at once.
 const arpReopenPause = 100 * time.Millisecond
 
 // attachXDP attaches the data plane to the cluster interface and keeps it
@@ -57,7 +57,7 @@ func (m macTracker) Update(t *filter.Tables, ifMAC net.HardwareAddr) error {
 
 // start runs the host's goroutine until ctx ends or stop is called: it
 // watches the cluster interface (netlink) and re-arms what a link event
-// broke: the ARP responder after a failed read (a link down and up), the
+// broke: the ARP and NDP responders after a failed read (a link down and up), the
 // sysctls, XDP and the cluster MAC membership on a recreated interface,
 // and the MAC (changed tells the agent, which pushes tables with it).
 func (h *host) start(ctx context.Context, changed func()) {
@@ -96,8 +96,9 @@ func (h *host) setVIPs(vips []netip.Addr) {
 	}
 }
 
-// announce asks for a gratuitous ARP for every VIP (a view changed). It
-// does not wait.
+// announce asks for a gratuitous ARP for every IPv4 VIP and an unsolicited
+// Neighbor Advertisement for every IPv6 one (a view changed). It does not
+// wait.
 func (h *host) announce() {
 	select {
 	case h.announceCh <- struct{}{}:
@@ -106,8 +107,8 @@ func (h *host) announce() {
 }
 
 // hostHealthy reports whether the node's side of the data plane works: the
-// program attached to the cluster interface, the ARP responder answering,
-// and the data plane rewriting to the interface's current MAC. The agent
+// program attached to the cluster interface, the ARP and NDP responders
+// answering, and the data plane rewriting to the interface's current MAC. The agent
 // advertises itself healthy only when this is.
 func (h *host) hostHealthy() (bool, string) {
 	if st := h.status.Load(); !st.ok {
@@ -131,15 +132,26 @@ func (h *host) arpCounters() map[string]uint64 {
 	return m
 }
 
+// ndpCounters returns the NDP responder's counters by verdict, and how many
+// times it was reopened after a failure.
+func (h *host) ndpCounters() map[string]uint64 {
+	m := h.ndpStats.counters()
+	m["restarts"] = h.ndpRestart.Load()
+	return m
+}
+
 func (h *host) run(ctx context.Context, changed func()) {
 	updates, endSub := h.subscribe()
 	defer func() { endSub() }()
 	tick := time.NewTicker(hostRecheck)
 	defer tick.Stop()
 	for {
-		var arpDone <-chan struct{}
+		var arpDone, ndpDone <-chan struct{}
 		if h.arp != nil {
 			arpDone = h.arp.done
+		}
+		if h.ndp != nil {
+			ndpDone = h.ndp.done
 		}
 		select {
 		case <-ctx.Done():
@@ -159,9 +171,7 @@ func (h *host) run(ctx context.Context, changed func()) {
 		case vips := <-h.vipsCh:
 			h.note("vips", h.applyVIPs(vips))
 		case <-h.announceCh:
-			if h.arp != nil {
-				h.note("announce", h.arp.announce(h.vips))
-			}
+			h.announceAll()
 		case <-arpDone:
 			h.log.Warn("arp responder failed; reopening it", "err", h.arp.err)
 			h.arp.close()
@@ -173,6 +183,17 @@ func (h *host) run(ctx context.Context, changed func()) {
 				continue // again at once: wait for the next check
 			}
 			h.arpFailed = time.Now()
+		case <-ndpDone:
+			h.log.Warn("ndp responder failed; reopening it", "err", h.ndp.err)
+			h.ndp.close()
+			h.ndp = nil
+			h.ndpRestart.Add(1)
+			if time.Since(h.ndpFailed) < arpReopenPause {
+				h.ndpFailed = time.Now()
+				h.publish()
+				continue // again at once: wait for the next check
+			}
+			h.ndpFailed = time.Now()
 		case <-tick.C:
 		}
 		h.sync(changed)
@@ -219,11 +240,15 @@ func (h *host) sync(changed func()) {
 	h.note("link", nil)
 	attrs := link.Attrs()
 	if attrs.Index != h.ifindex {
-		h.log.Warn("cluster interface recreated: re-arming sysctls, arp, cluster mac and xdp", "interface", h.ifname, "ifindex", attrs.Index, "was", h.ifindex)
+		h.log.Warn("cluster interface recreated: re-arming sysctls, arp, ndp, cluster mac and xdp", "interface", h.ifname, "ifindex", attrs.Index, "was", h.ifindex)
 		h.ifindex, h.sysctlsOK = attrs.Index, false
 		if h.arp != nil {
 			h.arp.close()
 			h.arp = nil
+		}
+		if h.ndp != nil {
+			h.ndp.close()
+			h.ndp = nil
 		}
 	}
 	if mac := attrs.HardwareAddr; len(mac) == 6 && !bytes.Equal(mac, h.MAC()) {
@@ -231,9 +256,7 @@ func (h *host) sync(changed func()) {
 		mac = slices.Clone(mac)
 		h.mac.Store(&mac)
 		changed()
-		if h.arp != nil {
-			h.note("announce", h.arp.announce(h.vips))
-		}
+		h.announceAll()
 	}
 	if !h.sysctlsOK {
 		h.note("sysctls", h.setSysctls())
@@ -257,8 +280,26 @@ func (h *host) sync(changed func()) {
 			h.note("announce", h.arp.announce(h.vips))
 		}
 	}
+	if h.ndp == nil {
+		err := h.openNDP()
+		if h.note("ndp", err); err == nil {
+			h.log.Info("ndp responder reopened", "interface", h.ifname)
+			h.note("announce6", h.ndp.announce(h.vips))
+		}
+	}
 	// Puts back a VIP someone took off lo, retries a failed change.
 	h.note("vips", h.applyVIPs(h.vips))
+}
+
+// announceAll announces every VIP: gratuitous ARP for the IPv4 ones, an
+// unsolicited Neighbor Advertisement for the IPv6 ones.
+func (h *host) announceAll() {
+	if h.arp != nil {
+		h.note("announce", h.arp.announce(h.vips))
+	}
+	if h.ndp != nil {
+		h.note("announce6", h.ndp.announce(h.vips))
+	}
 }
 
 // note logs a problem of a kind when it first appears or changes, and its
@@ -278,7 +319,7 @@ func (h *host) note(kind string, err error) {
 // publish computes the host's health from what run last found.
 func (h *host) publish() {
 	var reasons []error
-	for _, kind := range []string{"link", "sysctls", "xdp", "arp", "vips"} {
+	for _, kind := range []string{"link", "sysctls", "xdp", "arp", "ndp", "vips"} {
 		if err, ok := h.lastErr[kind]; ok {
 			reasons = append(reasons, err)
 		}
@@ -288,6 +329,9 @@ func (h *host) publish() {
 	}
 	if h.arp == nil {
 		reasons = append(reasons, errors.New("arp responder down"))
+	}
+	if h.ndp == nil {
+		reasons = append(reasons, errors.New("ndp responder down"))
 	}
 	st := &hostStatus{ok: len(reasons) == 0}
 	if !st.ok {

@@ -22,7 +22,7 @@ type metricsSource interface {
 // read when scraped so that they never lag or cost anything in between.
 type collector struct {
 	src                                                metricsSource
-	accepted, dropped, hb, arp                         *prometheus.Desc
+	accepted, dropped, hb, arp, ndp                    *prometheus.Desc
 	converged, healthy, buckets, conns, rulesIndex, up *prometheus.Desc
 	dpFailures, dpHealthy                              *prometheus.Desc
 }
@@ -37,6 +37,7 @@ func newCollector(src metricsSource) *collector {
 		dropped:    d("packets_dropped_total", "VIP packets this node dropped, by rule and reason.", "rule", "reason"),
 		hb:         d("heartbeat_events_total", "Heartbeat messages by event (sent, received, rejected reasons).", "event"),
 		arp:        d("arp_events_total", "ARP frames by outcome.", "event"),
+		ndp:        d("ndp_events_total", "Neighbor Solicitations for the IPv6 VIPs by outcome.", "event"),
 		converged:  d("converged", "1 when this node's view has converged with every eligible peer."),
 		healthy:    d("healthy", "1 when the application health check passes."),
 		buckets:    d("buckets", "Buckets by state, per rule.", "rule", "state"),
@@ -49,7 +50,7 @@ func newCollector(src metricsSource) *collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.hb, c.arp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy} {
+	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy} {
 		ch <- d
 	}
 }
@@ -73,6 +74,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for ev, n := range p.ARP {
 		counter(c.arp, n, ev)
+	}
+	for ev, n := range p.NDP {
+		counter(c.ndp, n, ev)
 	}
 	gauge(c.converged, b2f(st.Converged))
 	gauge(c.healthy, b2f(st.Healthy))

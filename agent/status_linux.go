@@ -107,6 +107,7 @@ func (a *Agent) params() Params {
 	p := a.node.params()
 	p.Config = *a.cfg
 	p.ARP = a.host.arpCounters()
+	p.NDP = a.host.ndpCounters()
 	return p
 }
 

@@ -38,8 +38,9 @@ type xdpLink interface {
 }
 
 // host is the node's side of the cluster interface: the VIPs on lo, the
-// sysctls, the ARP responder (which holds the cluster MAC membership) and
-// the XDP attachment. Everything it changes is written to its record first,
+// sysctls, the ARP responder (which holds the cluster MAC membership), the
+// NDP responder (which holds the solicited-node groups of the IPv6 VIPs)
+// and the XDP attachment. Everything it changes is written to its record first,
 // so that teardown, in this process or after a crash in the next one, undoes
 // exactly what the agent did and nothing else.
 //
@@ -61,6 +62,11 @@ type host struct {
 	arpLimit   *rate.Limiter    // shared by the responders
 	arpRestart atomic.Uint64    // responders reopened after a failure
 	arpFailed  time.Time        // when a responder last failed
+	ndp        *ndpResponder    // nil while it is down
+	ndpStats   *ndpStats        // outlives the responders
+	ndpLimit   *rate.Limiter    // shared by the responders
+	ndpRestart atomic.Uint64    // responders reopened after a failure
+	ndpFailed  time.Time        // when a responder last failed
 	lastErr    map[string]error // last logged problem by kind, to log changes once
 
 	mac    atomic.Pointer[net.HardwareAddr] // the interface's MAC now
@@ -92,6 +98,7 @@ func setupHost(cfg hostConfig) (h *host, err error) {
 	h = &host{
 		ifname: cfg.Interface, log: log, rec: rec,
 		arpStats: &arpStats{}, arpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
+		ndpStats: &ndpStats{}, ndpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
 		lastErr: map[string]error{}, vipsCh: make(chan []netip.Addr, 1), announceCh: make(chan struct{}, 1),
 		cancel: func() {}, done: make(chan struct{}),
 	}
@@ -122,24 +129,36 @@ func setupHost(cfg hostConfig) (h *host, err error) {
 	if err := h.openARP(); err != nil {
 		return h, err
 	}
+	if err := h.openNDP(); err != nil {
+		return h, err
+	}
 	return h, nil
 }
 
 // sysctl is one setting on the cluster interface. Restored ones go back to
-// their recorded value on exit; drop_unicast_in_l2_multicast stays set, so
-// a node whose agent died (and with it the XDP program that rewrites the
-// cluster MAC) answers nothing sent to the cluster MAC.
+// their recorded value on exit; drop_unicast_in_l2_multicast stays set, for
+// IPv4 and IPv6, so a node whose agent died (and with it the XDP program
+// that rewrites the cluster MAC) answers nothing sent to the cluster MAC.
+// IPv6 needs nothing like arp_ignore: the kernel answers a Neighbor
+// Solicitation only for an address on the interface it arrived on, and the
+// VIPs are on lo (docs/ARCHITECTURE.md, checked in the lab).
 var sysctls = []struct {
 	name, value string
 	restore     bool
+	ipv6        bool // under /proc/sys/net/ipv6; skipped when IPv6 is off
 }{
-	{"arp_ignore", "1", true},
-	{"arp_announce", "2", true},
-	{"drop_unicast_in_l2_multicast", "1", false},
+	{"arp_ignore", "1", true, false},
+	{"arp_announce", "2", true, false},
+	{"drop_unicast_in_l2_multicast", "1", false, false},
+	{"drop_unicast_in_l2_multicast", "1", false, true},
 }
 
 func sysctlPath(ifname, name string) string {
 	return filepath.Join("/proc/sys/net/ipv4/conf", ifname, name)
+}
+
+func sysctl6Path(ifname, name string) string {
+	return filepath.Join("/proc/sys/net/ipv6/conf", ifname, name)
 }
 
 // setSysctls sets every sysctl on the cluster interface, recording each
@@ -147,7 +166,15 @@ func sysctlPath(ifname, name string) string {
 func (h *host) setSysctls() error {
 	for _, s := range sysctls {
 		path := sysctlPath(h.ifname, s.name)
+		if s.ipv6 {
+			path = sysctl6Path(h.ifname, s.name)
+		}
 		old, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) && s.ipv6 {
+			if _, err := os.Stat("/proc/sys/net/ipv6"); errors.Is(err, os.ErrNotExist) {
+				continue // IPv6 is off in this kernel: no IPv6 to answer
+			}
+		}
 		if errors.Is(err, os.ErrNotExist) && s.name == "drop_unicast_in_l2_multicast" {
 			return fmt.Errorf("read %s: %w (the fail-safe needs Linux 4.6 or later)", path, err)
 		}
@@ -179,16 +206,19 @@ func (h *host) applyVIPs(vips []netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("find lo: %w", err)
 	}
-	addrs, err := netlink.AddrList(lo, netlink.FAMILY_V4)
+	addrs, err := netlink.AddrList(lo, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("list addresses of lo: %w", err)
 	}
 	onLo := map[netip.Addr]bool{}
 	for _, a := range addrs {
-		if ones, bits := a.Mask.Size(); ones == 32 && bits == 32 {
-			if ip, ok := netip.AddrFromSlice(a.IP); ok {
-				onLo[ip.Unmap()] = true
-			}
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if ones, bits := a.Mask.Size(); ones == ip.BitLen() && bits == ip.BitLen() {
+			onLo[ip] = true
 		}
 	}
 	var errs []error
@@ -213,8 +243,8 @@ func (h *host) applyVIPs(vips []netip.Addr) error {
 			added = append(added, vip)
 		}
 	}
-	// ARP answers for a VIP only while it is on lo: from after the additions
-	// above until before the removals below.
+	// ARP and NDP answer for a VIP only while it is on lo: from after the
+	// additions above until before the removals below.
 	h.foreign = slices.DeleteFunc(h.foreign, func(v netip.Addr) bool { return !slices.Contains(vips, v) })
 	if len(added) > 0 && h.vips != nil {
 		h.log.Info("vips added to lo", "vips", added)
@@ -226,6 +256,14 @@ func (h *host) applyVIPs(vips []netip.Addr) error {
 		}
 		if err := h.arp.announce(added); err != nil {
 			h.log.Warn("gratuitous arp", "err", err)
+		}
+	}
+	if h.ndp != nil {
+		if err := h.ndp.setVIPs(vips); err != nil {
+			errs = append(errs, err)
+		}
+		if err := h.ndp.announce(added); err != nil {
+			h.log.Warn("unsolicited neighbor advertisement", "err", err)
 		}
 	}
 	for _, vip := range slices.Clone(h.rec.VIPs) {
@@ -244,8 +282,15 @@ func (h *host) applyVIPs(vips []netip.Addr) error {
 	return errors.Join(errs...)
 }
 
+// vipAddr is vip as lo holds it: a host address (/32, /128). An IPv6 VIP
+// is added without duplicate address detection (lo does none anyway): it is
+// the cluster's address, not one to defend, and usable at once.
 func vipAddr(vip netip.Addr) *netlink.Addr {
-	return &netlink.Addr{IPNet: &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(vip.BitLen(), vip.BitLen())}}
+	if vip.Is6() {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	return a
 }
 
 // removeVIP takes vip off lo; one already gone is fine.
@@ -271,12 +316,26 @@ func (h *host) openARP() error {
 	return nil
 }
 
+// openNDP opens the NDP responder on the cluster interface.
+func (h *host) openNDP() error {
+	ifi, err := net.InterfaceByIndex(h.ifindex)
+	if err != nil {
+		return fmt.Errorf("cluster interface %s: %w", h.ifname, err)
+	}
+	n, err := listenNDP(ifi, h.vips, h.MAC, h.ndpLimit, h.ndpStats)
+	if err != nil {
+		return err
+	}
+	h.ndp = n
+	return nil
+}
+
 // MAC returns the cluster interface's current MAC: the data plane rewrites
 // accepted frames to it and ARP replies come from it.
 func (h *host) MAC() net.HardwareAddr { return *h.mac.Load() }
 
 // teardown stops the host's goroutine, closes the ARP responder (leaving
-// the cluster MACs), removes the VIPs the agent put on lo and restores the
+// the cluster MACs) and the NDP responder (leaving the groups), removes the VIPs the agent put on lo and restores the
 // sysctls it changed; with nothing left to undo, the record goes too.
 // drop_unicast_in_l2_multicast stays set (see sysctls).
 func (h *host) teardown() error {
@@ -289,6 +348,12 @@ func (h *host) teardown() error {
 			errs = append(errs, fmt.Errorf("close arp socket: %w", err))
 		}
 		h.arp = nil
+	}
+	if h.ndp != nil {
+		if err := h.ndp.close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close ndp socket: %w", err))
+		}
+		h.ndp = nil
 	}
 	if lo, err := netlink.LinkByName("lo"); err == nil {
 		for _, vip := range slices.Clone(h.rec.VIPs) {

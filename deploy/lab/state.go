@@ -246,10 +246,14 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 func (c AgentConfig) Marshal() ([]byte, error) { return yaml.Marshal(c) }
 
 // ClusterMAC is the multicast MAC a VIP resolves to: 03:bf and the VIP's
-// four bytes.
+// four bytes, for an IPv6 VIP 03:be and its last four (as agent.ClusterMAC).
 func ClusterMAC(vip netip.Addr) string {
-	b := vip.As4()
-	return fmt.Sprintf("03:bf:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
+	if vip.Is4() {
+		b := vip.As4()
+		return fmt.Sprintf("03:bf:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
+	}
+	b := vip.As16()
+	return fmt.Sprintf("03:be:%02x:%02x:%02x:%02x", b[12], b[13], b[14], b[15])
 }
 
 // labOfNamespace returns the lab id a namespace name belongs to, if any.

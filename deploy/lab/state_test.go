@@ -162,6 +162,9 @@ func TestClusterMAC(t *testing.T) {
 	if got := ClusterMAC(netip.MustParseAddr("198.18.7.100")); got != "03:bf:c6:12:07:64" {
 		t.Errorf("ClusterMAC = %s", got)
 	}
+	if got := ClusterMAC(netip.MustParseAddr("2001:db8:0:7::100")); got != "03:be:00:00:01:00" {
+		t.Errorf("ClusterMAC of an IPv6 VIP = %s", got)
+	}
 }
 
 func TestLabOfNamespace(t *testing.T) {

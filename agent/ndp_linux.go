@@ -1,0 +1,189 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+
+	"github.com/mdlayher/packet"
+	"golang.org/x/net/bpf"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/time/rate"
+)
+
+// ndpStats counts the NDP responder's verdicts; it outlives the sockets.
+type ndpStats struct {
+	n [numNDPVerdicts]atomic.Uint64
+}
+
+func (s *ndpStats) counters() map[string]uint64 {
+	m := make(map[string]uint64, numNDPVerdicts)
+	for v := range numNDPVerdicts {
+		m[v.String()] = s.n[v].Load()
+	}
+	return m
+}
+
+// nsFilter passes only ICMPv6 Neighbor Solicitations without extension
+// headers to the responder's socket, so the node's IPv6 traffic is not
+// copied to it.
+var nsFilter = func() []bpf.RawInstruction {
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 12, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: etherTypeIPv6, SkipTrue: 5},
+		bpf.LoadAbsolute{Off: ethHeaderLen + 6, Size: 1}, // next header
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: protoICMPv6, SkipTrue: 3},
+		bpf.LoadAbsolute{Off: ethHeaderLen + ipv6HeaderLen, Size: 1}, // ICMPv6 type
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(ipv6.ICMPTypeNeighborSolicitation), SkipTrue: 1},
+		bpf.RetConstant{Val: 0xffff},
+		bpf.RetConstant{Val: 0},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return prog
+}()
+
+// ndpResponder answers Neighbor Solicitations for the IPv6 VIPs on the
+// cluster interface. Its packet socket sees the solicitations sent to a
+// VIP's solicited-node group and the unicast ones (a client's reachability
+// probes, sent to the cluster MAC); a UDP socket holds the interface's
+// membership of each VIP's solicited-node group (with MLD reports, so a
+// snooping switch forwards the solicitations), which ends with the agent,
+// however it ends.
+type ndpResponder struct {
+	conn   *packet.Conn
+	ifi    *net.Interface
+	ownMAC func() net.HardwareAddr
+	limit  *rate.Limiter
+	stats  *ndpStats
+	vips   atomic.Pointer[[]netip.Addr]
+	groups *ipv6.PacketConn // nil until an IPv6 VIP needs a group; owned by the host
+	joined []netip.Addr     // solicited-node groups joined; owned by the host
+
+	done chan struct{} // closed when serve returns
+	err  error         // why serve returned; read after done
+}
+
+// listenNDP opens the responder on ifi for vips and starts answering.
+func listenNDP(ifi *net.Interface, vips []netip.Addr, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *ndpStats) (*ndpResponder, error) {
+	conn, err := packet.Listen(ifi, packet.Raw, etherTypeIPv6, &packet.Config{Filter: nsFilter})
+	if err != nil {
+		return nil, fmt.Errorf("open ndp socket on %s: %w", ifi.Name, err)
+	}
+	n := &ndpResponder{conn: conn, ifi: ifi, ownMAC: ownMAC, limit: limit, stats: stats, done: make(chan struct{})}
+	n.vips.Store(&[]netip.Addr{})
+	if err := n.setVIPs(vips); err != nil {
+		n.closeSockets()
+		return nil, fmt.Errorf("%s: %w", ifi.Name, err)
+	}
+	go func() {
+		defer close(n.done)
+		n.err = n.serve()
+	}()
+	return n, nil
+}
+
+// setVIPs makes the responder answer for the IPv6 VIPs of vips and holds
+// the membership of exactly their solicited-node groups. Not safe for
+// concurrent use with itself.
+func (n *ndpResponder) setVIPs(vips []netip.Addr) error {
+	var v6 []netip.Addr
+	var want []netip.Addr
+	for _, v := range vips {
+		if v.Is6() && !v.Is4In6() {
+			v6 = append(v6, v)
+			if g := solicitedNode(v); !slices.Contains(want, g) {
+				want = append(want, g) // VIPs may share a group
+			}
+		}
+	}
+	var errs []error
+	joined := n.joined[:0:0]
+	for _, g := range n.joined {
+		if slices.Contains(want, g) {
+			joined = append(joined, g)
+		} else if err := n.groups.LeaveGroup(n.ifi, &net.UDPAddr{IP: g.AsSlice()}); err != nil {
+			errs = append(errs, fmt.Errorf("leave solicited-node group %s: %w", g, err))
+			joined = append(joined, g)
+		}
+	}
+	for _, g := range want {
+		if slices.Contains(joined, g) {
+			continue
+		}
+		if n.groups == nil {
+			c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6unspecified})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("open a socket for the solicited-node groups (is IPv6 disabled?): %w", err))
+				break
+			}
+			n.groups = ipv6.NewPacketConn(c)
+		}
+		if err := n.groups.JoinGroup(n.ifi, &net.UDPAddr{IP: g.AsSlice()}); err != nil {
+			errs = append(errs, fmt.Errorf("join solicited-node group %s on %s (is IPv6 disabled on it?): %w", g, n.ifi.Name, err))
+			continue
+		}
+		joined = append(joined, g)
+	}
+	n.joined = joined
+	n.vips.Store(&v6)
+	return errors.Join(errs...)
+}
+
+// serve answers solicitations until the socket fails or is closed (nil).
+func (n *ndpResponder) serve() error {
+	buf := make([]byte, 1600)
+	for {
+		k, _, err := n.conn.ReadFrom(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("read ndp: %w", err)
+		}
+		reply, v := ndpReply(buf[:k], n.ownMAC(), *n.vips.Load())
+		if v == ndpReplied {
+			if !n.limit.Allow() {
+				v = ndpRateLimited
+			} else if _, err := n.conn.WriteTo(reply, &packet.Addr{HardwareAddr: reply[0:6]}); err != nil {
+				continue // not answered: counted as nothing
+			}
+		}
+		n.stats.n[v].Add(1)
+	}
+}
+
+// announce sends an unsolicited Neighbor Advertisement for each IPv6 VIP
+// of vips.
+func (n *ndpResponder) announce(vips []netip.Addr) error {
+	var errs []error
+	for _, vip := range vips {
+		if !vip.Is6() || vip.Is4In6() {
+			continue
+		}
+		f := unsolicitedNA(n.ownMAC(), vip)
+		if _, err := n.conn.WriteTo(f, &packet.Addr{HardwareAddr: allNodesMAC}); err != nil {
+			errs = append(errs, fmt.Errorf("unsolicited neighbor advertisement for %s: %w", vip, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (n *ndpResponder) closeSockets() error {
+	err := n.conn.Close()
+	if n.groups != nil {
+		n.groups.Close() // leaves the groups
+	}
+	return err
+}
+
+// close closes the sockets (leaving the groups) and waits for serve.
+func (n *ndpResponder) close() error {
+	err := n.closeSockets()
+	<-n.done
+	return err
+}
