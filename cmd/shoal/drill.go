@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -39,6 +40,7 @@ var drillCommand = &cli.Command{
 		&cli.IntFlag{Name: "nodes", Value: 3, Usage: "lab: number of nodes"},
 		&cli.DurationFlag{Name: "period", Usage: "lab: heartbeat period of the agents (default: the agent's)"},
 		&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin), Usage: "lab: the HTTP server on every node: builtin, dualstack, nginx or apache"},
+		&cli.StringFlag{Name: "family", Value: string(lab.Family4), Usage: "lab: the VIP's address family: 4 or 6 (dual: the drill's traffic goes to the IPv4 VIP)"},
 		&cli.StringFlag{Name: "binary", Hidden: true, Usage: "lab: the shoal binary the namespaces run (default: this one)"},
 		labBaseFlag,
 		&cli.StringFlag{Name: "vip", Usage: "cluster: the VIP to send traffic to"},
@@ -103,7 +105,7 @@ func runDrill(ctx context.Context, c *cli.Context, sc drill.Scenario, tr drill.T
 		if c.String("vip") == "" {
 			return nil, usageError("drill: give --lab, or --vip (or --url) of a real cluster")
 		}
-		url = fmt.Sprintf("http://%s:%d/", c.String("vip"), c.Int("port"))
+		url = "http://" + net.JoinHostPort(c.String("vip"), fmt.Sprint(c.Int("port"))) + "/"
 	}
 	var key []byte
 	if sc == drill.Plug {

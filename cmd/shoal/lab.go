@@ -21,6 +21,8 @@ var labBaseFlag = &cli.StringFlag{Name: "base", Value: lab.DefaultBase, Hidden: 
 
 var labBuildFlags = []cli.Flag{
 	&cli.IntFlag{Name: "nodes", Value: 3, Usage: "number of node namespaces"},
+	&cli.StringFlag{Name: "family", Value: string(lab.Family4),
+		Usage: "the VIPs' address family: 4, 6 (an IPv6 VIP from 2001:db8::/32) or dual (an IPv4 and an IPv6 VIP)"},
 	&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin),
 		Usage: "the HTTP server on every node: builtin (VIP:80), dualstack (the built-in one on [::]:80), nginx or apache (Debian's)"},
 	&cli.DurationFlag{Name: "period", Usage: "heartbeat period of the agents (default: the agent's)"},
@@ -35,7 +37,8 @@ var labCommand = &cli.Command{
 	Usage: "run a whole cluster on this machine, in network namespaces",
 	Description: "The lab builds a virtual LAN in network namespaces: a bridge as the switch, N\n" +
 		"nodes each running a real agent and an HTTP server on the VIP, and a client.\n" +
-		"Addresses come from 198.18.0.0/15 and exist only inside the lab's namespaces.\n" +
+		"Addresses come from 198.18.0.0/15 (and 2001:db8::/32 with --family 6 or dual)\n" +
+		"and exist only inside the lab's namespaces.\n" +
 		"Needs root. See docs/LAB.md.",
 	Subcommands: []*cli.Command{labUpCommand, labStatusCommand, labDownCommand, labRunCommand, labServeCommand, labLoadCommand},
 }
@@ -53,11 +56,13 @@ var labUpCommand = &cli.Command{
 			return err
 		}
 		w := c.App.Writer
-		fmt.Fprintf(w, "lab %s is up: VIP %s, server %s\n", l.ID, l.VIP, l.Server)
+		fmt.Fprintf(w, "lab %s is up: VIP %v, server %s\n", l.ID, l.VIPs(), l.Server)
 		for _, n := range l.Nodes {
 			fmt.Fprintf(w, "  %s %s  shoal --socket %s status\n", n.Name, n.Addr, n.Socket)
 		}
-		fmt.Fprintf(w, "  client %s  ip netns exec %s curl http://%s/\n", l.Client.Addr, l.Client.Namespace, l.VIP)
+		for _, vip := range l.VIPs() {
+			fmt.Fprintf(w, "  client %s  ip netns exec %s curl %s\n", l.Client.Addr, l.Client.Namespace, lab.URL(vip))
+		}
 		fmt.Fprintf(w, "shoal lab status %s; shoal lab down %s\n", l.ID, l.ID)
 		return nil
 	},
@@ -176,12 +181,12 @@ var labServeCommand = &cli.Command{
 	Description: "Answers every request with the node's name in the body and an X-Shoal-Node\nheader; binds even before the address exists (IP_FREEBIND).",
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "name", Required: true, Usage: "the node name to answer with"},
-		&cli.StringFlag{Name: "listen", Required: true, Usage: "address:port to listen on"},
+		&cli.StringSliceFlag{Name: "listen", Required: true, Usage: "address:port to listen on (repeat for more)"},
 	},
 	Action: func(c *cli.Context) error {
 		ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return lab.Serve(ctx, c.String("name"), c.String("listen"), cliLogger(c))
+		return lab.Serve(ctx, c.String("name"), c.StringSlice("listen"), cliLogger(c))
 	},
 }
 
@@ -240,6 +245,7 @@ func labOptions(c *cli.Context) lab.Options {
 		Nodes:  c.Int("nodes"),
 		Period: c.Duration("period"),
 		Server: lab.Server(c.String("server")),
+		Family: lab.Family(c.String("family")),
 		Binary: c.String("binary"),
 		Base:   c.String("base"),
 		Log:    cliLogger(c),

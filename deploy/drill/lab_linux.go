@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"slices"
 	"sync"
 	"syscall"
@@ -165,7 +166,7 @@ func (d *labDrill) run(ctx context.Context) (*Report, error) {
 	rep, err := finish(out.res, out.err, smp.Stop(), q, o.Traffic, event, settled, settleErr)
 	if rep != nil {
 		rep.Scenario, rep.Target, rep.Node, rep.Nodes = o.Scenario, fmt.Sprintf("lab %s (%d nodes)", l.ID, len(l.Nodes)), d.victim.Name, names
-		rep.URL = fmt.Sprintf("http://%s:%d/", l.VIP, lab.HTTPPort)
+		rep.URL = lab.URL(l.VIP)
 		rep.Settled = settledWhat(o.Scenario, "every node converged", true)
 	}
 	return rep, err
@@ -202,7 +203,7 @@ func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, erro
 		}
 		return func() error { return d.without(ctx, victimID) }, nil
 	case Rule:
-		rule := fmt.Sprintf("%s:%d", l.VIP, lab.HTTPPort)
+		rule := netip.AddrPortFrom(l.VIP, lab.HTTPPort).String()
 		if _, err := d.ctl.Run(ctx, d.victim.Socket, "rules", "set", "--ports", fmt.Sprintf("%d-%d", lab.HTTPPort, lab.HTTPPort+1), rule); err != nil {
 			return nil, err
 		}
@@ -222,7 +223,7 @@ func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, erro
 		}
 		return func() error { return d.all(ctx, 0, victimID) }, nil
 	case Weight:
-		rule := fmt.Sprintf("%s:%d", l.VIP, lab.HTTPPort)
+		rule := netip.AddrPortFrom(l.VIP, lab.HTTPPort).String()
 		if _, err := d.ctl.Run(ctx, d.other.Socket, "weight", "set", rule, name, d.o.Weight); err != nil {
 			return nil, err
 		}

@@ -31,6 +31,10 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
+	family, err := ParseFamily(string(o.Family))
+	if err != nil {
+		return nil, err
+	}
 	if o.Base == "" {
 		o.Base = DefaultBase
 	}
@@ -48,7 +52,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := os.MkdirAll(o.Base, 0o700); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
-	st, err := allocate(o.Base, o.Nodes)
+	st, err := allocate(o.Base, o.Nodes, family)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +98,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 
 // allocate picks an unused lab id and subnet. The state file is the claim:
 // it is created exclusively.
-func allocate(base string, nodes int) (*State, error) {
+func allocate(base string, nodes int, family Family) (*State, error) {
 	used := map[int]bool{}
 	ids, _ := List(base)
 	for _, id := range ids {
@@ -118,7 +122,7 @@ func allocate(base string, nodes int) (*State, error) {
 		if used[subnet] {
 			continue
 		}
-		st, err := Layout(base, id, subnet, nodes)
+		st, err := LayoutFamily(base, id, subnet, nodes, family)
 		if err != nil {
 			return nil, err
 		}
@@ -174,8 +178,27 @@ func (l *Lab) addNamespace(ctx context.Context, ns string) error {
 		l.mu.Unlock()
 		return errors.Join(err, serr)
 	}
+	if l.Family.HasIPv6() {
+		// No duplicate address detection in the lab's namespaces: every
+		// IPv6 address, link-local ones too, is usable at once.
+		if err := sysctlIn(ctx, ns, "net/ipv6/conf/all/accept_dad", "0"); err != nil {
+			return err
+		}
+		if err := sysctlIn(ctx, ns, "net/ipv6/conf/default/accept_dad", "0"); err != nil {
+			return err
+		}
+	}
 	_, err = ip(ctx, "-n", ns, "link", "set", "lo", "up")
 	return err
+}
+
+// sysctlIn sets /proc/sys/<key> in namespace ns.
+func sysctlIn(ctx context.Context, ns, key, value string) error {
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sh", "-c", `echo "$1" > "/proc/sys/$2"`, "sh", value, key)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("lab: set %s=%s in %s: %w: %s", key, value, ns, err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // network builds the namespaces, the bridge and the veth pairs.
@@ -203,6 +226,9 @@ func (l *Lab) network(ctx context.Context) error {
 			{"-n", l.Switch, "link", "set", h.BridgePort, "up"},
 			{"-n", h.Namespace, "addr", "add", h.Addr.String() + "/24", "dev", Interface},
 			{"-n", h.Namespace, "link", "set", Interface, "up"},
+		}
+		if h.Addr6.IsValid() {
+			steps = append(steps, []string{"-n", h.Namespace, "addr", "add", h.Addr6.String() + "/64", "dev", Interface, "nodad"})
 		}
 		for _, s := range steps {
 			if _, err := ip(ctx, s...); err != nil {
@@ -359,14 +385,17 @@ func Poll(ctx context.Context, timeout, interval time.Duration, check func() err
 	}
 }
 
-// waitReady waits for convergence, adds the default rule through node1 and
-// waits for every node to apply it and cover its buckets.
+// waitReady waits for convergence, adds the default rule of each VIP
+// through node1 and waits for every node to apply them and cover their
+// buckets.
 func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 	if err := l.waitConverged(ctx, l.Nodes, timeout); err != nil {
 		return err
 	}
-	if err := l.ctl.AddRule(ctx, l.Nodes[0].Socket, l.VIP.String(), HTTPPort); err != nil {
-		return fmt.Errorf("lab: add the default rule: %w", err)
+	for _, vip := range l.VIPs() {
+		if err := l.ctl.AddRule(ctx, l.Nodes[0].Socket, vip.String(), HTTPPort); err != nil {
+			return fmt.Errorf("lab: add the default rule for %s: %w", vip, err)
+		}
 	}
 	first, err := l.ctl.Status(ctx, l.Nodes[0].Socket)
 	if err != nil {
@@ -383,14 +412,14 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 		if err := Ready(st, len(l.Nodes)); err != nil {
 			return err
 		}
-		if len(RuleIDs(st)) < 2 { // the default host's rule and ours
-			return fmt.Errorf("rules accepted %v, want the port rule too", RuleIDs(st))
+		if len(RuleIDs(st)) < 1+len(l.VIPs()) { // the default host's rule and ours
+			return fmt.Errorf("rules accepted %v, want the port rules too", RuleIDs(st))
 		}
 		return CoverFull(st, RuleIDs(st))
 	}); err != nil {
 		return fmt.Errorf("lab: the default rule did not reach every node: %w", err)
 	}
-	l.log.Info("lab ready", "vip", l.VIP)
+	l.log.Info("lab ready", "vips", l.VIPs())
 	return nil
 }
 

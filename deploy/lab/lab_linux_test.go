@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 // needRoot skips a test that builds namespaces when it cannot.
@@ -34,12 +35,18 @@ func needRoot(t testing.TB) {
 // and removes it in t.Cleanup whatever happens.
 func upForTest(t testing.TB, nodes int) *Lab {
 	t.Helper()
+	return upForTestFamily(t, nodes, Family4)
+}
+
+// upForTestFamily is upForTest for a lab of a family.
+func upForTestFamily(t testing.TB, nodes int, family Family) *Lab {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(helperEnv, "1") // inherited by the processes the lab starts
-	l, err := Up(context.Background(), Options{Nodes: nodes, NoAgents: true, Binary: self, Base: t.TempDir()})
+	l, err := Up(context.Background(), Options{Nodes: nodes, NoAgents: true, Binary: self, Base: t.TempDir(), Family: family})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,16 +100,23 @@ func inNamespace(t testing.TB, ns string, f func() error) error {
 	return f()
 }
 
-// ping sends one ICMP echo to dst from inside ns and waits for the reply.
+// ping sends one ICMP (ICMPv6) echo to dst from inside ns and waits for
+// the reply.
 func ping(t testing.TB, ns string, dst netip.Addr) error {
 	return inNamespace(t, ns, func() error {
-		c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		network, laddr, proto := "ip4:icmp", "0.0.0.0", 1
+		var echo, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+		if dst.Is6() {
+			network, laddr, proto = "ip6:ipv6-icmp", "::", 58
+			echo, reply = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
+		}
+		c, err := icmp.ListenPacket(network, laddr)
 		if err != nil {
 			return err
 		}
 		defer c.Close()
 		id := os.Getpid() & 0xffff
-		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("shoal-lab")}}
+		msg := icmp.Message{Type: echo, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("shoal-lab")}}
 		b, err := msg.Marshal(nil)
 		if err != nil {
 			return err
@@ -117,8 +131,8 @@ func ping(t testing.TB, ns string, dst netip.Addr) error {
 			if err != nil {
 				return fmt.Errorf("no echo reply from %s: %w", dst, err)
 			}
-			m, err := icmp.ParseMessage(1, buf[:n])
-			if err != nil || m.Type != ipv4.ICMPTypeEchoReply || from.String() != dst.String() {
+			m, err := icmp.ParseMessage(proto, buf[:n])
+			if err != nil || m.Type != reply || from.String() != dst.String() {
 				continue
 			}
 			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id {
@@ -129,8 +143,24 @@ func ping(t testing.TB, ns string, dst netip.Addr) error {
 }
 
 func TestTopology(t *testing.T) {
+	for _, f := range []Family{Family4, Family6} {
+		t.Run("family "+string(f), func(t *testing.T) { testTopology(t, f) })
+	}
+}
+
+// testTopology: the namespaces, links and addresses of a lab of family f;
+// the client reaches the nodes (over IPv6 in family 6), their HTTP server
+// and loses a node whose plug is pulled; Down removes it all.
+func testTopology(t *testing.T, family Family) {
 	needRoot(t)
-	l := upForTest(t, 2)
+	l := upForTestFamily(t, 2, family)
+	// addr is the address the client reaches a host on.
+	addr := func(h Host) netip.Addr {
+		if family == Family6 {
+			return h.Addr6
+		}
+		return h.Addr
+	}
 
 	// Namespaces and links.
 	out, err := ip(context.Background(), "netns", "list")
@@ -152,6 +182,9 @@ func TestTopology(t *testing.T) {
 		if err != nil || !strings.Contains(out, h.Addr.String()+"/24") {
 			t.Errorf("%s: address %s missing: %q %v", h.Name, h.Addr, out, err)
 		}
+		if family == Family6 && (!strings.Contains(out, h.Addr6.String()+"/64") || strings.Contains(out, "tentative")) {
+			t.Errorf("%s: ipv6 address %s missing or tentative: %q", h.Name, h.Addr6, out)
+		}
 		out, err = ip(context.Background(), "-n", h.Namespace, "-o", "link", "show", "lo")
 		if err != nil || !strings.Contains(out, "LOOPBACK,UP") {
 			t.Errorf("%s: lo not up: %q %v", h.Name, out, err)
@@ -160,14 +193,14 @@ func TestTopology(t *testing.T) {
 
 	// The client reaches the nodes over the bridge.
 	for _, n := range l.Nodes {
-		if err := ping(t, l.Client.Namespace, n.Addr); err != nil {
+		if err := ping(t, l.Client.Namespace, addr(n)); err != nil {
 			t.Errorf("ping %s from the client: %v", n.Name, err)
 		}
 	}
 
 	// A node's HTTP server, started as the lab starts it, answers the client.
 	n := l.Nodes[0]
-	p, err := l.Start(n.Name, "serve", "lab", "serve", "--name", n.Name, "--listen", n.Addr.String()+":80")
+	p, err := l.Start(n.Name, "serve", "lab", "serve", "--name", n.Name, "--listen", netip.AddrPortFrom(addr(n), 80).String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,14 +209,14 @@ func TestTopology(t *testing.T) {
 			return errors.New("serve exited: " + tail(p.Log, 400))
 		}
 		return inNamespace(t, l.Client.Namespace, func() error {
-			c, err := net.DialTimeout("tcp", n.Addr.String()+":80", time.Second)
+			c, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr(n), 80).String(), time.Second)
 			if err == nil {
 				c.Close()
 			}
 			return err
 		})
 	})
-	res, err := l.Load(context.Background(), LoadArgs{URL: "http://" + n.Addr.String() + "/", Duration: 300 * time.Millisecond, Concurrency: 2}, nil)
+	res, err := l.Load(context.Background(), LoadArgs{URL: URL(addr(n)), Duration: 300 * time.Millisecond, Concurrency: 2}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,16 +228,16 @@ func TestTopology(t *testing.T) {
 	if err := l.Pull(context.Background(), n.Name); err != nil {
 		t.Fatal(err)
 	}
-	if err := ping(t, l.Client.Namespace, n.Addr); err == nil {
+	if err := ping(t, l.Client.Namespace, addr(n)); err == nil {
 		t.Errorf("%s answers with its plug pulled", n.Name)
 	}
-	if err := ping(t, l.Client.Namespace, l.Nodes[1].Addr); err != nil {
+	if err := ping(t, l.Client.Namespace, addr(l.Nodes[1])); err != nil {
 		t.Errorf("%s unreachable after pulling %s: %v", l.Nodes[1].Name, n.Name, err)
 	}
 	if err := l.Plug(context.Background(), n.Name); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error { return ping(t, l.Client.Namespace, n.Addr) })
+	waitFor(t, 5*time.Second, func() error { return ping(t, l.Client.Namespace, addr(n)) })
 
 	// Status sees it all.
 	st := l.Status(context.Background())

@@ -38,11 +38,12 @@ func helper(args []string) int {
 	switch args[1] {
 	case "serve":
 		name := fs.String("name", "", "")
-		listen := fs.String("listen", "", "")
+		var listen []string
+		fs.Func("listen", "", func(s string) error { listen = append(listen, s); return nil })
 		if fs.Parse(args[2:]) != nil {
 			return 2
 		}
-		if err := Serve(ctx, *name, *listen, slog.Default()); err != nil {
+		if err := Serve(ctx, *name, listen, slog.Default()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}

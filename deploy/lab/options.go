@@ -15,6 +15,7 @@ type Options struct {
 	Base   string        // state and work directories; DefaultBase if empty
 	Period time.Duration // agents' heartbeat period; the agent's default if zero
 	Server Server        // the HTTP server on every node; ServerBuiltin if empty
+	Family Family        // the VIPs' address family; Family4 if empty
 	// NoAgents builds the network only: no agent, no HTTP server, no rule.
 	NoAgents bool
 	// ParallelStart starts every agent at once instead of one after the
@@ -84,14 +85,17 @@ type Status struct {
 // WriteText prints the status for a person.
 func (s Status) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "lab %s: VIP %s on 198.18.%d.0/24, server %s, work dir %s\n", s.ID, s.VIP, s.Subnet, s.Server, s.Dir)
+	if s.Family == FamilyDual {
+		fmt.Fprintf(w, "and VIP %s on 2001:db8:0:%d::/64\n", s.VIP6, s.Subnet)
+	}
 	fmt.Fprintln(w, "namespaces:")
 	for _, ns := range s.Namespaces {
 		fmt.Fprintf(w, "  %-20s %s\n", ns, upDown(s.NamespaceUp[ns]))
 	}
 	fmt.Fprintln(w, "hosts:")
-	fmt.Fprintf(w, "  %-8s %-16s %s\n", s.Client.Name, s.Client.Addr, s.Client.Namespace)
+	fmt.Fprintf(w, "  %-8s %-16s %s%s\n", s.Client.Name, s.Client.Addr, s.Client.Namespace, addr6(s.Client))
 	for _, n := range s.Nodes {
-		fmt.Fprintf(w, "  %-8s %-16s %s  socket %s\n", n.Name, n.Addr, n.Namespace, n.Socket)
+		fmt.Fprintf(w, "  %-8s %-16s %s  socket %s%s\n", n.Name, n.Addr, n.Namespace, n.Socket, addr6(n))
 	}
 	if len(s.Procs) > 0 {
 		fmt.Fprintln(w, "processes:")
@@ -119,7 +123,16 @@ func (s Status) WriteText(w io.Writer) {
 				n.Name, a.NodeID, a.Admin, conv, a.View.Eligible, a.RulesIndex, a.Accepting)
 		}
 	}
-	fmt.Fprintf(w, "try: ip netns exec %s curl http://%s/\n", s.Client.Namespace, s.VIP)
+	for _, vip := range s.VIPs() {
+		fmt.Fprintf(w, "try: ip netns exec %s curl %s\n", s.Client.Namespace, URL(vip))
+	}
+}
+
+func addr6(h Host) string {
+	if !h.Addr6.IsValid() {
+		return ""
+	}
+	return "  " + h.Addr6.String()
 }
 
 func upDown(ok bool) string {

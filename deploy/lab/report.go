@@ -14,9 +14,10 @@ import (
 type Report struct {
 	Lab        string  `json:"lab"`
 	Nodes      int     `json:"nodes"`
+	Family     string  `json:"family,omitempty"` // of the VIPs: 4, 6 or dual
 	VIP        string  `json:"vip"`
 	ClusterMAC string  `json:"cluster_mac"` // what the VIP must resolve to
-	ClientARP  string  `json:"client_arp"`  // what the client resolved it to
+	ClientARP  string  `json:"client_arp"`  // what the client resolved it to (ARP, or NDP for an IPv6 VIP)
 	Period     string  `json:"heartbeat_period,omitempty"`
 	Victim     string  `json:"victim"`     // the node whose plug was pulled
 	PullAtMS   float64 `json:"pull_at_ms"` // into the "during" traffic
@@ -32,17 +33,26 @@ type Report struct {
 	Before        load.Result `json:"before"`
 	During        load.Result `json:"during"`
 	After         load.Result `json:"after"`
-	Kept          bool        `json:"kept,omitempty"`
+	// Also is the traffic to the lab's other VIP (the IPv6 one of a dual
+	// lab), sent at the same time as to VIP, phase by phase.
+	Also []VIPReport `json:"also,omitempty"`
+	Kept bool        `json:"kept,omitempty"`
+}
+
+// VIPReport is what a run measured on one more VIP.
+type VIPReport struct {
+	VIP            string      `json:"vip"`
+	ClusterMAC     string      `json:"cluster_mac"`
+	ClientNeighbor string      `json:"client_neighbor"` // what the client resolved it to
+	Before         load.Result `json:"before"`
+	During         load.Result `json:"during"`
+	After          load.Result `json:"after"`
 }
 
 // WriteText prints the report for a person.
 func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "lab %s: %d nodes, VIP %s\n", r.Lab, r.Nodes, r.VIP)
-	arp := "as it should"
-	if !strings.EqualFold(r.ClientARP, r.ClusterMAC) {
-		arp = "WRONG, want " + r.ClusterMAC
-	}
-	fmt.Fprintf(w, "client resolved the VIP to %s (%s)\n", orDash(r.ClientARP), arp)
+	fmt.Fprintf(w, "client resolved the VIP to %s\n", resolved(r.ClientARP, r.ClusterMAC))
 	if r.Period != "" {
 		fmt.Fprintf(w, "heartbeat period %s\n", r.Period)
 	}
@@ -57,6 +67,12 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "        failed requests started %+.0f to %+.0f ms from the pull\n", first-r.PullAtMS, last-r.PullAtMS)
 	}
 	phase(w, "after", r.After)
+	for _, a := range r.Also {
+		fmt.Fprintf(w, "\nand at the same time, VIP %s (client resolved it to %s)\n", a.VIP, resolved(a.ClientNeighbor, a.ClusterMAC))
+		phase(w, "before", a.Before)
+		phase(w, "during", a.During)
+		phase(w, "after", a.After)
+	}
 	fmt.Fprintln(w)
 	switch {
 	case r.Victim == "":
@@ -129,6 +145,16 @@ func shares(s map[string]float64) string {
 		return "-"
 	}
 	return strings.Join(parts, "  ")
+}
+
+// resolved says what the client resolved a VIP to, and whether that is its
+// cluster MAC.
+func resolved(got, want string) string {
+	verdict := "as it should"
+	if !strings.EqualFold(got, want) {
+		verdict = "WRONG, want " + want
+	}
+	return orDash(got) + " (" + verdict + ")"
 }
 
 func orDash(s string) string {

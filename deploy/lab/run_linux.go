@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -36,7 +38,11 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	if err != nil {
 		return nil, err
 	}
-	rep = &Report{Lab: l.ID, Nodes: len(l.Nodes), VIP: l.VIP.String(), ClusterMAC: ClusterMAC(l.VIP), FailoverMS: -1}
+	rep = &Report{Lab: l.ID, Nodes: len(l.Nodes), Family: string(l.Family), VIP: l.VIP.String(), ClusterMAC: ClusterMAC(l.VIP), FailoverMS: -1}
+	others := l.VIPs()[1:] // the IPv6 VIP of a dual lab: the same traffic, at the same time
+	for _, v := range others {
+		rep.Also = append(rep.Also, VIPReport{VIP: v.String(), ClusterMAC: ClusterMAC(v)})
+	}
 	if o.Period > 0 {
 		rep.Period = o.Period.String()
 	}
@@ -53,11 +59,18 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	la := LoadArgs{Duration: o.Duration, Concurrency: o.Concurrency, Rate: o.Rate}
 
 	l.progress(o.Progress, "traffic before the pull (%v, new connections)", o.Duration)
-	if rep.Before, err = l.Load(ctx, la, o.Progress); err != nil {
+	var also []load.Result
+	if rep.Before, also, err = l.loadEach(ctx, la, others, o.Progress); err != nil {
 		return rep, err
 	}
 	if rep.ClientARP, err = l.Neighbor(ctx, l.VIP.String()); err != nil {
 		return rep, err
+	}
+	for i, v := range others {
+		rep.Also[i].Before = also[i]
+		if rep.Also[i].ClientNeighbor, err = l.Neighbor(ctx, v.String()); err != nil {
+			return rep, err
+		}
 	}
 
 	st, err := l.Statuses(ctx, l.Nodes)
@@ -75,16 +88,17 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	during := la
 	during.Duration = lead + o.Duration
 	type loadOut struct {
-		res load.Result
-		err error
+		res  load.Result
+		also []load.Result
+		err  error
 	}
 	done := make(chan loadOut, 1)
 	l.progress(o.Progress, "traffic through the pull (%v); pulling %s after %v", during.Duration, rep.Victim, lead)
 	started := make(chan struct{})
 	during.OnStart = func() { close(started) }
 	go func() {
-		r, err := l.Load(ctx, during, o.Progress)
-		done <- loadOut{r, err}
+		r, also, err := l.loadEach(ctx, during, others, o.Progress)
+		done <- loadOut{r, also, err}
 	}()
 	select {
 	case <-ctx.Done():
@@ -115,6 +129,9 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	}
 	out := <-done
 	rep.During = out.res
+	for i := range out.also {
+		rep.Also[i].During = out.also[i]
+	}
 	if !out.res.Start.IsZero() {
 		// On the load's own clock, so it lines up with its timeline.
 		rep.PullAtMS = ms(pulled.Sub(out.res.Start))
@@ -127,8 +144,11 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	}
 
 	l.progress(o.Progress, "traffic after the failover (%v)", o.Duration)
-	if rep.After, err = l.Load(ctx, la, o.Progress); err != nil {
+	if rep.After, also, err = l.loadEach(ctx, la, others, o.Progress); err != nil {
 		return rep, err
+	}
+	for i := range also {
+		rep.Also[i].After = also[i]
 	}
 
 	// Further pulls, without traffic, each on the next node (the Raft
@@ -204,13 +224,34 @@ func (l *Lab) progress(w io.Writer, format string, a ...any) {
 	}
 }
 
+// loadEach runs a against the lab's VIP and, at the same time, the same
+// load against each of others (only a's OnStart is called), and returns
+// the results in that order.
+func (l *Lab) loadEach(ctx context.Context, a LoadArgs, others []netip.Addr, progress io.Writer) (load.Result, []load.Result, error) {
+	res := make([]load.Result, len(others))
+	errs := make([]error, len(others))
+	var wg sync.WaitGroup
+	for i, v := range others {
+		b := a
+		b.URL, b.OnStart = URL(v), nil
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = l.Load(ctx, b, progress)
+		}()
+	}
+	r, err := l.Load(ctx, a, progress)
+	wg.Wait()
+	return r, res, errors.Join(append([]error{err}, errs...)...)
+}
+
 // Load runs the load generator in the client namespace against a.URL, by
 // default the VIP on port 80 (new connections unless a.KeepAlive). Its progress lines go to
 // progress.
 func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Result, error) {
 	url := a.URL
 	if url == "" {
-		url = fmt.Sprintf("http://%s:%d/", l.VIP, HTTPPort)
+		url = URL(l.VIP)
 	}
 	args := []string{"netns", "exec", l.Client.Namespace, l.Binary, "lab", "load",
 		"--url", url,

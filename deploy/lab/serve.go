@@ -24,14 +24,24 @@ func Handler(name string) http.Handler {
 	})
 }
 
-// Serve runs the lab's node HTTP server on listen until ctx ends. The socket
-// is bound with IP_FREEBIND, so it may start before the agent puts the VIP on
-// lo.
-func Serve(ctx context.Context, name, listen string, log *slog.Logger) error {
+// Serve runs the lab's node HTTP server on every address of listen until
+// ctx ends. The sockets are bound with IP_FREEBIND, so it may start before
+// the agent puts the VIPs on lo.
+func Serve(ctx context.Context, name string, listen []string, log *slog.Logger) error {
+	if len(listen) == 0 {
+		return errors.New("lab serve: no address to listen on")
+	}
 	lc := net.ListenConfig{Control: freebind}
-	ln, err := lc.Listen(ctx, "tcp", listen)
-	if err != nil {
-		return fmt.Errorf("lab serve: %w", err)
+	var lns []net.Listener
+	for _, a := range listen {
+		ln, err := lc.Listen(ctx, "tcp", a)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return fmt.Errorf("lab serve: %w", err)
+		}
+		lns = append(lns, ln)
 	}
 	srv := &http.Server{Handler: Handler(name), ReadHeaderTimeout: 10 * time.Second}
 	stopped := make(chan struct{})
@@ -42,11 +52,21 @@ func Serve(ctx context.Context, name, listen string, log *slog.Logger) error {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	log.Info("serving", "name", name, "addr", ln.Addr().String())
-	err = srv.Serve(ln)
-	if errors.Is(err, http.ErrServerClosed) {
-		<-stopped
-		return nil
+	errs := make(chan error, len(lns))
+	for _, ln := range lns {
+		log.Info("serving", "name", name, "addr", ln.Addr().String())
+		go func() { errs <- srv.Serve(ln) }()
 	}
-	return fmt.Errorf("lab serve: %w", err)
+	var first error
+	for range lns {
+		if err := <-errs; !errors.Is(err, http.ErrServerClosed) && first == nil {
+			first = err
+			srv.Close() // one listener failed: stop them all
+		}
+	}
+	if first != nil {
+		return fmt.Errorf("lab serve: %w", first)
+	}
+	<-stopped
+	return nil
 }

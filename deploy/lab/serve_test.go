@@ -34,7 +34,7 @@ func TestServeKeepAliveAndShutdown(t *testing.T) {
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, "node1", addr, slog.New(slog.DiscardHandler)) }()
+	go func() { done <- Serve(ctx, "node1", []string{addr}, slog.New(slog.DiscardHandler)) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done

@@ -20,7 +20,8 @@ const (
 	// arrive on AF_INET6 sockets with v4-mapped addresses, as with Go's
 	// ":80", Node.js and most servers.
 	ServerDualStack Server = "dualstack"
-	// ServerNginx is Debian's nginx with `listen 80` (IPv4 only).
+	// ServerNginx is Debian's nginx with `listen 80` (IPv4 only), and
+	// `listen [::]:80` (IPv6 only) in a lab with IPv6.
 	ServerNginx Server = "nginx"
 	// ServerApache is Debian's Apache (event MPM) with `Listen 80`, which
 	// listens dual-stack on Linux.
@@ -55,8 +56,13 @@ const KeepAliveTimeout = 600
 // nginxConfig is a node's nginx configuration: one worker, every path under
 // dir, keep-alive without a request limit, and a tiny answer naming the
 // node in the body and in the X-Shoal-Node header, as `lab serve` does.
-func nginxConfig(dir, name string) string {
+// With ipv6 it also listens on [::]:80 (nginx's IPv6 sockets are IPv6 only).
+func nginxConfig(dir, name string, ipv6 bool) string {
 	p := func(f string) string { return filepath.Join(dir, f) }
+	listen6 := ""
+	if ipv6 {
+		listen6 = "\n\t\tlisten [::]:80;"
+	}
 	return fmt.Sprintf(`# written by shoal lab for %[1]s
 daemon off;
 master_process on;
@@ -75,14 +81,14 @@ http {
 	keepalive_requests 1000000;
 	default_type text/plain;
 	server {
-		listen 80;
+		listen 80;%[11]s
 		location / {
 			add_header %[10]s %[1]s always;
 			return 200 "%[1]s\n";
 		}
 	}
 }
-`, name, p("nginx.pid"), p("error.log"), p("body"), p("proxy"), p("fastcgi"), p("uwsgi"), p("scgi"), KeepAliveTimeout, NodeHeader)
+`, name, p("nginx.pid"), p("error.log"), p("body"), p("proxy"), p("fastcgi"), p("uwsgi"), p("scgi"), KeepAliveTimeout, NodeHeader, listen6)
 }
 
 // apacheModules is where Debian keeps Apache's loadable modules.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/user"
@@ -33,7 +34,11 @@ func (l *Lab) StartServer(ctx context.Context, node string) (Proc, error) {
 	)
 	switch l.Server {
 	case "", ServerBuiltin:
-		p, err = l.Start(h.Name, "serve", "lab", "serve", "--name", h.Name, "--listen", fmt.Sprintf("%s:%d", l.VIP, HTTPPort))
+		args := []string{"lab", "serve", "--name", h.Name}
+		for _, vip := range l.VIPs() {
+			args = append(args, "--listen", netip.AddrPortFrom(vip, HTTPPort).String())
+		}
+		p, err = l.Start(h.Name, "serve", args...)
 	case ServerDualStack:
 		p, err = l.Start(h.Name, "serve", "lab", "serve", "--name", h.Name, "--listen", fmt.Sprintf("[::]:%d", HTTPPort))
 	case ServerNginx:
@@ -96,7 +101,7 @@ func (l *Lab) startNginx(h Host) (Proc, error) {
 		return Proc{}, err
 	}
 	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(nginxConfig(dir, h.Name)), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte(nginxConfig(dir, h.Name, l.Family.HasIPv6())), 0o600); err != nil {
 		return Proc{}, fmt.Errorf("lab: %w", err)
 	}
 	// -e: the log for what happens before the configuration is read (by

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,11 +52,17 @@ var ErrBadID = errors.New("lab: not a lab id (want shl + 4 hex digits)")
 // step so that Down can remove exactly that, even from another process
 // after a crash.
 type State struct {
-	ID     string     `json:"id"`
-	Base   string     `json:"base"`
-	Dir    string     `json:"dir"`    // the lab's work directory
-	Subnet int        `json:"subnet"` // k in 198.18.k.0/24
-	VIP    netip.Addr `json:"vip"`
+	ID     string `json:"id"`
+	Base   string `json:"base"`
+	Dir    string `json:"dir"`    // the lab's work directory
+	Subnet int    `json:"subnet"` // k in 198.18.k.0/24 (and 2001:db8:0:k::/64)
+	// VIP is the VIP traffic goes to: the IPv4 one, or the IPv6 one in a
+	// lab of family 6.
+	VIP netip.Addr `json:"vip"`
+	// Family is the address family of the VIPs ("" is 4); VIP6 is the
+	// IPv6 VIP of a lab of family 6 or dual.
+	Family Family     `json:"family,omitempty"`
+	VIP6   netip.Addr `json:"vip6,omitzero"`
 	Switch string     `json:"switch_ns"`
 	Client Host       `json:"client"`
 	Nodes  []Host     `json:"nodes"`
@@ -78,7 +85,8 @@ type Host struct {
 	Name       string     `json:"name"` // node1, node2, ..., client
 	Namespace  string     `json:"namespace"`
 	Addr       netip.Addr `json:"addr"`
-	BridgePort string     `json:"bridge_port"` // its veth end in the switch namespace
+	Addr6      netip.Addr `json:"addr6,omitzero"` // in a lab with IPv6
+	BridgePort string     `json:"bridge_port"`    // its veth end in the switch namespace
 	Socket     string     `json:"socket,omitempty"`
 	Config     string     `json:"config,omitempty"`
 	DataDir    string     `json:"data_dir,omitempty"`
@@ -104,10 +112,46 @@ func newID() (string, error) {
 	return "shl" + hex.EncodeToString(b[:]), nil
 }
 
-// Layout fills in a lab's names and addresses (nothing is created): the
-// switch, the client at .1, nodes at .11, .12, ..., the VIP at .100 of
-// 198.18.<subnet>.0/24.
+// Family is the address family of a lab's VIPs.
+type Family string
+
+// The lab's families. The nodes' own addresses (heartbeats, Raft, the
+// peer API) are IPv4 in every family; with IPv6, every host also gets an
+// IPv6 address and the VIPs are served over it.
+const (
+	Family4    Family = "4"    // an IPv4 VIP
+	Family6    Family = "6"    // an IPv6 VIP
+	FamilyDual Family = "dual" // an IPv4 and an IPv6 VIP at once
+)
+
+// ParseFamily returns the family called s ("" is 4).
+func ParseFamily(s string) (Family, error) {
+	switch Family(s) {
+	case "", Family4:
+		return Family4, nil
+	case Family6, FamilyDual:
+		return Family(s), nil
+	}
+	return "", fmt.Errorf("lab: unknown family %q (want 4, 6 or dual)", s)
+}
+
+// HasIPv6 reports whether a lab of family f serves an IPv6 VIP.
+func (f Family) HasIPv6() bool { return f == Family6 || f == FamilyDual }
+
+// Layout is LayoutFamily for an IPv4 lab.
 func Layout(base, id string, subnet, nodes int) (*State, error) {
+	return LayoutFamily(base, id, subnet, nodes, Family4)
+}
+
+// LayoutFamily fills in a lab's names and addresses (nothing is created):
+// the switch, the client at .1, nodes at .11, .12, ..., the VIP at .100 of
+// 198.18.<subnet>.0/24; with IPv6, the same host numbers in
+// 2001:db8:0:<subnet>::/64 (the VIP 2001:db8:0:<subnet>::100).
+func LayoutFamily(base, id string, subnet, nodes int, family Family) (*State, error) {
+	family, err := ParseFamily(string(family))
+	if err != nil {
+		return nil, err
+	}
 	if !idPattern.MatchString(id) {
 		return nil, fmt.Errorf("%w: %q", ErrBadID, id)
 	}
@@ -118,6 +162,17 @@ func Layout(base, id string, subnet, nodes int) (*State, error) {
 		return nil, fmt.Errorf("lab: %d nodes; want 1..89", nodes)
 	}
 	addr := func(last int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, byte(subnet), byte(last)}) }
+	addr6 := func(last int) netip.Addr {
+		if !family.HasIPv6() {
+			return netip.Addr{}
+		}
+		// 2001:db8:0:<subnet>::<last>, the host number read as hex digits
+		// written in decimal (::11 for .11, ::100 for .100).
+		b := [16]byte{0x20, 0x01, 0x0d, 0xb8, 6: 0, 7: byte(subnet)}
+		v, _ := strconv.ParseUint(strconv.Itoa(last), 16, 16)
+		b[14], b[15] = byte(v>>8), byte(v)
+		return netip.AddrFrom16(b)
+	}
 	dir := filepath.Join(base, id)
 	s := &State{
 		ID:     id,
@@ -125,8 +180,13 @@ func Layout(base, id string, subnet, nodes int) (*State, error) {
 		Dir:    dir,
 		Subnet: subnet,
 		VIP:    addr(100),
+		Family: family,
+		VIP6:   addr6(100),
 		Switch: id + "-sw",
-		Client: Host{Name: "client", Namespace: id + "-client", Addr: addr(1), BridgePort: "p-client"},
+		Client: Host{Name: "client", Namespace: id + "-client", Addr: addr(1), Addr6: addr6(1), BridgePort: "p-client"},
+	}
+	if family == Family6 {
+		s.VIP = s.VIP6
 	}
 	for i := 1; i <= nodes; i++ {
 		name := fmt.Sprintf("node%d", i)
@@ -134,6 +194,7 @@ func Layout(base, id string, subnet, nodes int) (*State, error) {
 			Name:       name,
 			Namespace:  id + "-" + name,
 			Addr:       addr(10 + i),
+			Addr6:      addr6(10 + i),
 			BridgePort: "p-" + name,
 			Socket:     filepath.Join(dir, name+".sock"),
 			Config:     filepath.Join(dir, name+".yaml"),
@@ -142,6 +203,19 @@ func Layout(base, id string, subnet, nodes int) (*State, error) {
 	}
 	s.KeyFile = filepath.Join(dir, "cluster.key")
 	return s, nil
+}
+
+// VIPs returns every VIP the lab serves: VIP, and VIP6 in a dual lab.
+func (s *State) VIPs() []netip.Addr {
+	if s.Family == FamilyDual {
+		return []netip.Addr{s.VIP, s.VIP6}
+	}
+	return []netip.Addr{s.VIP}
+}
+
+// URL is the address of the HTTP servers behind vip.
+func URL(vip netip.Addr) string {
+	return fmt.Sprintf("http://%s/", netip.AddrPortFrom(vip, HTTPPort))
 }
 
 // StatePath is where the state of lab id is kept.
@@ -221,7 +295,7 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 	c := AgentConfig{
 		NodeName:      n.Name,
 		Interface:     Interface,
-		VIPs:          []string{s.VIP.String()},
+		VIPs:          vipStrings(s.VIPs()),
 		DataDir:       n.DataDir,
 		KeyFile:       s.KeyFile,
 		HeartbeatAddr: at(HeartbeatPort),
@@ -240,6 +314,14 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 		c.HeartbeatPeriod = period.String()
 	}
 	return c
+}
+
+func vipStrings(vips []netip.Addr) []string {
+	out := make([]string, len(vips))
+	for i, v := range vips {
+		out[i] = v.String()
+	}
+	return out
 }
 
 // Marshal renders the configuration as YAML.

@@ -25,6 +25,7 @@ func TestLayout(t *testing.T) {
 	want := &State{
 		ID: "shl00ab", Base: "/run/shoal-lab", Dir: "/run/shoal-lab/shl00ab", Subnet: 7,
 		VIP:    netip.MustParseAddr("198.18.7.100"),
+		Family: Family4,
 		Switch: "shl00ab-sw",
 		Client: Host{Name: "client", Namespace: "shl00ab-client", Addr: netip.MustParseAddr("198.18.7.1"), BridgePort: "p-client"},
 		Nodes: []Host{
@@ -45,6 +46,60 @@ func TestLayout(t *testing.T) {
 		if !netip.MustParsePrefix("198.18.0.0/15").Contains(h.Addr) {
 			t.Errorf("%s outside 198.18.0.0/15", h.Addr)
 		}
+	}
+}
+
+// TestLayoutFamily: a lab with IPv6 numbers its hosts in
+// 2001:db8:0:<subnet>::/64 as in IPv4; family 6 serves the IPv6 VIP, dual
+// both.
+func TestLayoutFamily(t *testing.T) {
+	a := netip.MustParseAddr
+	tests := []struct {
+		family Family
+		vips   []netip.Addr
+	}{
+		{Family4, []netip.Addr{a("198.18.7.100")}},
+		{Family6, []netip.Addr{a("2001:db8:0:7::100")}},
+		{FamilyDual, []netip.Addr{a("198.18.7.100"), a("2001:db8:0:7::100")}},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.family), func(t *testing.T) {
+			s, err := LayoutFamily("/run/shoal-lab", "shl00ab", 7, 2, tc.family)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.vips, s.VIPs(), addrEqual); diff != "" {
+				t.Errorf("VIPs (-want +got):\n%s", diff)
+			}
+			if got := s.AgentConfig(1, 0).VIPs; len(got) != len(tc.vips) {
+				t.Errorf("agent config vips %v, want %v", got, tc.vips)
+			}
+			if !tc.family.HasIPv6() {
+				if s.Client.Addr6.IsValid() || s.VIP6.IsValid() {
+					t.Errorf("ipv4 lab with ipv6 addresses: client %s, vip6 %s", s.Client.Addr6, s.VIP6)
+				}
+				return
+			}
+			want := map[string]netip.Addr{"client": a("2001:db8:0:7::1"), "node1": a("2001:db8:0:7::11"), "node2": a("2001:db8:0:7::12")}
+			for _, h := range append([]Host{s.Client}, s.Nodes...) {
+				if h.Addr6 != want[h.Name] {
+					t.Errorf("%s at %s, want %s", h.Name, h.Addr6, want[h.Name])
+				}
+				if !netip.MustParsePrefix("2001:db8::/32").Contains(h.Addr6) {
+					t.Errorf("%s outside 2001:db8::/32", h.Addr6)
+				}
+			}
+			// The nodes' own addresses stay IPv4: heartbeats, Raft, peers.
+			if c := s.AgentConfig(0, 0); c.HeartbeatAddr != "198.18.7.11:7946" {
+				t.Errorf("heartbeat address %s", c.HeartbeatAddr)
+			}
+		})
+	}
+	if _, err := LayoutFamily("/x", "shl00ab", 7, 2, "5"); err == nil {
+		t.Error("family 5 accepted")
+	}
+	if got := URL(a("2001:db8:0:7::100")); got != "http://[2001:db8:0:7::100]:80/" {
+		t.Errorf("URL = %s", got)
 	}
 }
 
