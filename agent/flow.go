@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -59,24 +58,28 @@ func explainFlow(c *filter.Config, owners func([]filter.NodeID) *filter.Owners, 
 	if proto != filter.ProtoTCP && proto != filter.ProtoUDP {
 		return f, badRequest("proto %s: want tcp or udp", proto)
 	}
-	if !client.Addr().Is4() || !to.Addr().Is4() {
-		return f, badRequest("%s -> %s: only IPv4 flows are balanced", client, to)
+	cl := client.Addr().Unmap()
+	if cl.Is4() != to.Addr().Is4() {
+		return f, badRequest("%s -> %s: the client and the VIP are of different families", client, to)
 	}
-	id, bucket, ok := c.Locate(to.Addr(), proto, client.Addr(), client.Port(), to.Port())
+	id, bucket, ok := c.Locate(to.Addr(), proto, cl, client.Port(), to.Port())
 	if !ok {
 		return f, badRequest("%s is not a VIP of this cluster (VIPs: %v)", to.Addr(), c.VIPs)
 	}
 	aff := c.Affinity(id)
-	ip4 := client.Addr().As4()
-	a, b := filter.FlowKey(aff, binary.BigEndian.Uint32(ip4[:]), client.Port())
-	f.Rule, f.Bucket, f.Hash, f.Affinity = id, bucket, filter.Hash(c.Seed, a, b), aff.String()
+	k := filter.KeyOf(aff, cl, client.Port())
+	f.Rule, f.Bucket, f.Hash, f.Affinity = id, bucket, k.Hash(c.Seed), aff.String()
 	switch aff {
 	case filter.AffinityNone:
-		f.Key = client.String()
+		f.Key = netip.AddrPortFrom(cl, client.Port()).String()
 	case filter.AffinityNetwork:
-		f.Key = netip.PrefixFrom(client.Addr(), 24).Masked().String()
+		bits := 24
+		if cl.Is6() {
+			bits = 64
+		}
+		f.Key = netip.PrefixFrom(cl, bits).Masked().String()
 	default:
-		f.Key = client.Addr().String()
+		f.Key = cl.String()
 	}
 	if r := c.Rule(id); r != nil {
 		vip := "all"

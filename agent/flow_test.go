@@ -14,7 +14,7 @@ func TestExplainFlow(t *testing.T) {
 	vip := netip.MustParseAddr("198.18.0.100")
 	c := &filter.Config{
 		Seed: 0x5eed,
-		VIPs: []netip.Addr{vip},
+		VIPs: []netip.Addr{vip, netip.MustParseAddr("2001:db8::100")},
 		Rules: []filter.Rule{
 			{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP, Mode: filter.ModeMultiple, Affinity: filter.AffinityNone},
 			{ID: 2, PortLo: 443, PortHi: 443, Proto: filter.ProtoBoth, Mode: filter.ModeMultiple, Affinity: filter.AffinityNetwork},
@@ -61,7 +61,13 @@ func TestExplainFlow(t *testing.T) {
 		{name: "empty view: nobody", client: "198.18.5.7:40000", to: "198.18.0.100:80", proto: filter.ProtoTCP,
 			view: nil, rule: 1, key: "198.18.5.7:40000", owner: "", ifDown: map[string]string{}},
 		{name: "not a VIP", client: "198.18.5.7:40000", to: "198.18.0.99:80", proto: filter.ProtoTCP, err: "not a VIP"},
-		{name: "IPv6 client", client: "[2001:db8::1]:40000", to: "198.18.0.100:80", proto: filter.ProtoTCP, err: "only IPv4"},
+		{name: "IPv6 client of an IPv4 VIP", client: "[2001:db8::1]:40000", to: "198.18.0.100:80", proto: filter.ProtoTCP, err: "different families"},
+		{name: "IPv6, affinity network keys the /64", client: "[2001:db8:5::7]:51234", to: "[2001:db8::100]:443", proto: filter.ProtoTCP,
+			view: all, rule: 2, key: "2001:db8:5::/64", owner: "*"},
+		{name: "IPv6, no rule: the default host", client: "[2001:db8:5::7]:40000", to: "[2001:db8::100]:8080", proto: filter.ProtoUDP,
+			view: all, rule: 0, key: "2001:db8:5::7", owner: "web2", ifDown: map[string]string{"web1": "web2", "web2": "web1", "web3": "web2"}},
+		{name: "IPv4-mapped client of an IPv4 VIP", client: "[::ffff:198.18.5.7]:51234", to: "198.18.0.100:80", proto: filter.ProtoTCP,
+			view: all, rule: 1, key: "198.18.5.7:51234", owner: "*"},
 		{name: "both protocols", client: "198.18.5.7:40000", to: "198.18.0.100:80", proto: filter.ProtoBoth, err: "want tcp or udp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,8 +82,8 @@ func TestExplainFlow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ip := client.Addr().As4()
-			wantBucket := filter.Bucket(c.Seed, c.Affinity(tc.rule), uint32(ip[0])<<24|uint32(ip[1])<<16|uint32(ip[2])<<8|uint32(ip[3]), client.Port())
+			k := filter.KeyOf(c.Affinity(tc.rule), client.Addr(), client.Port())
+			wantBucket := k.Bucket(c.Seed)
 			if f.Rule != tc.rule || f.Key != tc.key || f.Bucket != wantBucket || uint16(f.Hash&filter.BucketMask) != f.Bucket {
 				t.Errorf("rule %d key %q bucket %d hash %#x; want rule %d key %q bucket %d (= hash & %d)",
 					f.Rule, f.Key, f.Bucket, f.Hash, tc.rule, tc.key, wantBucket, filter.BucketMask)

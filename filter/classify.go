@@ -41,10 +41,10 @@ func (NoConns) ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool { r
 // on them would be a different function); gopacket supplies the protocol
 // numbers here and builds the frames in the tests.
 //
-// The rules, identical in filter/xdp/shoal.c:
-//   - Ethernet with at most one 802.1Q tag, then IPv4; anything else, or an
-//     IPv4 header shorter than 20 bytes, passes. So does an IPv4 packet whose
-//     destination is not a VIP.
+// The rules, identical in filter/xdp/shoal.c (IPv6's are on classify6):
+//   - Ethernet with at most one 802.1Q tag, then IPv4 or IPv6; anything
+//     else, or an IPv4 header shorter than 20 bytes, passes. So does an
+//     IPv4 packet whose destination is not a VIP.
 //   - To a VIP, the IPv4 header must be sane (version 4, IHL >= 5, header
 //     within total length, total length within the frame, trailing Ethernet
 //     padding allowed); a broken one is dropped as malformed, counted under
@@ -133,8 +133,8 @@ func (c *Classifier) SetHeartbeatPeers(self netip.AddrPort, peers []netip.AddrPo
 // flow is what the state rules need to know of a packet.
 type flow struct {
 	rule     RuleID
-	a, b     uint32 // key words
-	tcp      bool   // a TCP packet with a known 4-tuple (or an ICMP error about one)
+	key      Key
+	tcp      bool // a TCP packet with a known 4-tuple (or an ICMP error about one)
 	syn      bool
 	cookie   bool // a TCP ACK without SYN or RST, itself (not quoted by ICMP)
 	seq, ack uint32
@@ -159,10 +159,24 @@ func (c *Classifier) Classify(frame []byte) Result {
 		et = layers.EthernetType(binary.BigEndian.Uint16(frame[16:18]))
 		off = 18
 	}
-	if et != layers.EthernetTypeIPv4 {
-		return Result{Verdict: Pass}
+	switch et {
+	case layers.EthernetTypeIPv4:
+		return c.classify4(frame, frame[off:])
+	case layers.EthernetTypeIPv6:
+		return c.classify6(frame, frame[off:])
 	}
-	ip := frame[off:]
+	return Result{Verdict: Pass}
+}
+
+// fragment says whether a packet is a fragment of a datagram and which.
+type fragment struct {
+	key   fragKey
+	first bool // offset 0 and more fragments: judged, its verdict remembered
+	later bool // a later fragment: takes the first fragment's verdict
+}
+
+// classify4 judges the IPv4 packet ip of frame.
+func (c *Classifier) classify4(frame, ip []byte) Result {
 	if len(ip) < 20 {
 		return Result{Verdict: Pass}
 	}
@@ -174,15 +188,13 @@ func (c *Classifier) Classify(frame []byte) Result {
 		return Result{Verdict: Pass}
 	}
 	fragOff := binary.BigEndian.Uint16(ip[6:8])
-	var fk fragKey
+	var fr fragment
 	if fragOff&0x3fff != 0 {
-		fk = fragKey{src: addr4(ip[12:16]), dst: dst, id: binary.BigEndian.Uint16(ip[4:6]), proto: ip[9]}
+		fr.key = fragKey{src: addr4(ip[12:16]), dst: dst, id: uint32(binary.BigEndian.Uint16(ip[4:6])), proto: ip[9]}
+		fr.first, fr.later = fragOff&0x1fff == 0, fragOff&0x1fff != 0
 	}
-	if fragOff&0x1fff != 0 && c.frags != nil && saneIPv4(ip) {
-		if res, ok := c.frags.get(fk); ok {
-			if res.Verdict == Accept {
-				copy(frame[0:6], c.mac[:])
-			}
+	if fr.later && saneIPv4(ip) {
+		if res, ok := c.remembered(frame, fr.key); ok {
 			return res
 		}
 	}
@@ -190,8 +202,27 @@ func (c *Classifier) Classify(frame []byte) Result {
 	if !ok {
 		return Result{Verdict: Drop, Reason: DropMalformed, Rule: DefaultRule}
 	}
-	cfg := c.t.Config
-	bucket := uint16(Hash(cfg.Seed, f.a, f.b) & BucketMask)
+	return c.decide(frame, &f, fr)
+}
+
+// remembered returns the verdict remembered for the datagram k's first
+// fragment, if any, applied to frame.
+func (c *Classifier) remembered(frame []byte, k fragKey) (Result, bool) {
+	if c.frags == nil {
+		return Result{}, false
+	}
+	res, ok := c.frags.get(k)
+	if ok && res.Verdict == Accept {
+		copy(frame[0:6], c.mac[:])
+	}
+	return res, ok
+}
+
+// decide is the verdict core both families share: the bucket of f's key,
+// this node's state for it, the verdict, the fragment memory, and the MAC
+// rewrite of an accepted frame.
+func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
+	bucket := f.key.Bucket(c.t.Config.Seed)
 	res := Result{Rule: f.rule, Bucket: bucket}
 	if st := c.t.States[f.rule]; st != nil {
 		res.State = st[bucket]
@@ -199,12 +230,12 @@ func (c *Classifier) Classify(frame []byte) Result {
 	if c.leaseExpired && (res.State == Owned || res.State == OwnedDirty) {
 		res.State = Draining
 	}
-	res.Verdict, res.Reason = c.judge(&f, res.State)
-	if fragOff&0x3fff == 0x2000 && c.remember { // a first fragment
+	res.Verdict, res.Reason = c.judge(f, res.State)
+	if fr.first && c.remember {
 		if c.frags == nil {
 			c.frags = newFragMemory(FragEntries)
 		}
-		c.frags.put(fk, res)
+		c.frags.put(fr.key, res)
 	}
 	if res.Verdict == Accept {
 		copy(frame[0:6], c.mac[:])
@@ -280,7 +311,6 @@ func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
 	}
 	ihl := int(ip[0]&0x0f) * 4
 	total := int(binary.BigEndian.Uint16(ip[2:4]))
-	srcRaw := binary.BigEndian.Uint32(ip[12:16])
 	proto := layers.IPProtocol(ip[9])
 	l4 := ip[ihl:total]
 	cfg := c.t.Config
@@ -289,7 +319,7 @@ func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
 		if p := protoOf(proto); p != 0 {
 			f.rule, _ = cfg.Lookup(dst, p, 0)
 		}
-		f.a = srcRaw
+		f.key = keyFor(AffinitySingle, addr4(ip[12:16]), 0)
 		return f, true
 	}
 	switch proto {
@@ -308,7 +338,7 @@ func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
 		sport := binary.BigEndian.Uint16(l4[0:2])
 		dport := binary.BigEndian.Uint16(l4[2:4])
 		f.rule, _ = cfg.Lookup(dst, protoOf(proto), dport)
-		f.a, f.b = FlowKey(cfg.Affinity(f.rule), srcRaw, sport)
+		f.key = keyFor(cfg.Affinity(f.rule), addr4(ip[12:16]), sport)
 		if proto == layers.IPProtocolTCP {
 			f.tcp = true
 			f.syn = l4[13]&0x12 == 0x02    // SYN without ACK
@@ -325,10 +355,10 @@ func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
 		switch layers.ICMPv4TypeCode(uint16(l4[0]) << 8).Type() {
 		case layers.ICMPv4TypeDestinationUnreachable, layers.ICMPv4TypeTimeExceeded,
 			layers.ICMPv4TypeParameterProblem:
-			return c.parseEmbedded(l4[8:], srcRaw)
+			return c.parseEmbedded(l4[8:], addr4(ip[12:16]))
 		}
 	}
-	f.rule, f.a = DefaultRule, srcRaw
+	f.rule, f.key = DefaultRule, keyFor(AffinitySingle, addr4(ip[12:16]), 0)
 	return f, true
 }
 
@@ -336,7 +366,7 @@ func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
 // quoted packet went from a VIP to a client, so the client is its
 // destination. An error quoting a packet not sent from a VIP is keyed like
 // any other ICMP packet, by the sender (outerSrc).
-func (c *Classifier) parseEmbedded(e []byte, outerSrc uint32) (f flow, ok bool) {
+func (c *Classifier) parseEmbedded(e []byte, outerSrc netip.Addr) (f flow, ok bool) {
 	if len(e) < 20 {
 		return f, false
 	}
@@ -346,19 +376,19 @@ func (c *Classifier) parseEmbedded(e []byte, outerSrc uint32) (f flow, ok bool) 
 	}
 	vip := addr4(e[12:16])
 	if !c.isVIP(vip) {
-		f.rule, f.a = DefaultRule, outerSrc
+		f.rule, f.key = DefaultRule, keyFor(AffinitySingle, outerSrc, 0)
 		return f, true
 	}
-	clientRaw := binary.BigEndian.Uint32(e[16:20])
+	client := addr4(e[16:20])
 	proto := protoOf(layers.IPProtocol(e[9]))
 	cfg := c.t.Config
 	switch {
 	case proto == 0:
-		f.rule, f.a = DefaultRule, clientRaw
+		f.rule, f.key = DefaultRule, keyFor(AffinitySingle, client, 0)
 		return f, true
 	case binary.BigEndian.Uint16(e[6:8])&0x1fff != 0: // a later fragment: no ports
 		f.rule, _ = cfg.Lookup(vip, proto, 0)
-		f.a = clientRaw
+		f.key = keyFor(AffinitySingle, client, 0)
 		return f, true
 	}
 	if len(e) < ihl+4 {
@@ -367,10 +397,10 @@ func (c *Classifier) parseEmbedded(e []byte, outerSrc uint32) (f flow, ok bool) 
 	vport := binary.BigEndian.Uint16(e[ihl : ihl+2])
 	cport := binary.BigEndian.Uint16(e[ihl+2 : ihl+4])
 	f.rule, _ = cfg.Lookup(vip, proto, vport)
-	f.a, f.b = FlowKey(cfg.Affinity(f.rule), clientRaw, cport)
+	f.key = keyFor(cfg.Affinity(f.rule), client, cport)
 	if proto == ProtoTCP {
 		f.tcp = true
-		f.client = netip.AddrPortFrom(addr4(e[16:20]), cport)
+		f.client = netip.AddrPortFrom(client, cport)
 		f.vip = netip.AddrPortFrom(vip, vport)
 	}
 	return f, true
@@ -397,10 +427,13 @@ func protoOf(p layers.IPProtocol) Protocol {
 
 func addr4(b []byte) netip.Addr { return netip.AddrFrom4([4]byte(b)) }
 
-// fragKey names a datagram, as the XDP program's fragment LRU does.
+// fragKey names a datagram, as the XDP program's fragment LRU does: an
+// IPv4 datagram by source, destination, protocol and 16-bit IP id, an IPv6
+// one by source, destination, the fragment header's next header and its
+// 32-bit identification.
 type fragKey struct {
 	src, dst netip.Addr
-	id       uint16
+	id       uint32
 	proto    uint8
 }
 

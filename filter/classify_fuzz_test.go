@@ -3,7 +3,6 @@ package filter
 import (
 	"bytes"
 	"math/rand/v2"
-	"net/netip"
 	"testing"
 )
 
@@ -12,11 +11,13 @@ import (
 // change only the destination MAC of a frame it accepts. (The differential
 // test holds the XDP program to the same verdicts.)
 func FuzzClassify(f *testing.F) {
-	g := &gen{rng: rand.New(rand.NewPCG(7, 8)), vips: []netip.Addr{refVIP, refVIP2}}
-	for i := 0; i < 64; i++ {
+	cfg := refConfig6() // IPv4 and IPv6 VIPs
+	cfg.VIPs = append(cfg.VIPs, refVIP2)
+	g := &gen{rng: rand.New(rand.NewPCG(7, 8)), vips: cfg.VIPs}
+	for i := 0; i < 128; i++ {
 		f.Add(g.frame())
 	}
-	tb := allIn(refConfig(), OwnedDirty)
+	tb := allIn(cfg, OwnedDirty)
 	cs := conns{}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		orig := append([]byte(nil), frame...)

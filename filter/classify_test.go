@@ -292,7 +292,7 @@ func BenchmarkAssign(b *testing.B) {
 // forgets the least recently used datagram first, a lookup counting as a
 // use, and a repeated first fragment replaces the verdict.
 func TestFragMemoryLRU(t *testing.T) {
-	key := func(id uint16) fragKey { return fragKey{src: refClient, dst: refVIP, id: id, proto: 6} }
+	key := func(id uint32) fragKey { return fragKey{src: refClient, dst: refVIP, id: id, proto: 6} }
 	m := newFragMemory(2)
 	m.put(key(1), Result{Verdict: Accept})
 	m.put(key(2), Result{Verdict: Drop})
@@ -301,7 +301,7 @@ func TestFragMemoryLRU(t *testing.T) {
 	}
 	m.put(key(3), Result{Verdict: Accept}) // forgets 2
 	m.put(key(1), Result{Verdict: Drop})   // replaces 1's verdict
-	for id, want := range map[uint16]Verdict{1: Drop, 3: Accept} {
+	for id, want := range map[uint32]Verdict{1: Drop, 3: Accept} {
 		if r, ok := m.get(key(id)); !ok || r.Verdict != want {
 			t.Errorf("datagram %d: %v %v, want %v", id, r.Verdict, ok, want)
 		}

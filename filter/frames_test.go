@@ -170,6 +170,11 @@ type gen struct {
 	// This node's heartbeat socket and its peers', when set.
 	hbSelf  netip.AddrPort
 	hbPeers []netip.AddrPort
+	// IPv6: a real connection (client -> an IPv6 vip), when set, and the
+	// first fragments made.
+	conn6      [2]netip.AddrPort
+	datagrams6 []datagram6
+	fragHits6  int
 }
 
 func (g *gen) addr() netip.Addr {
@@ -189,6 +194,25 @@ func (g *gen) port() uint16 {
 }
 
 func (g *gen) vip() netip.Addr { return g.vips[g.rng.IntN(len(g.vips))] }
+
+// vip4 returns one of the generator's IPv4 VIPs.
+func (g *gen) vip4() netip.Addr {
+	for {
+		if v := g.vip(); v.Is4() {
+			return v
+		}
+	}
+}
+
+// has6 reports whether the generator has IPv6 VIPs.
+func (g *gen) has6() bool {
+	for _, v := range g.vips {
+		if v.Is6() {
+			return true
+		}
+	}
+	return false
+}
 
 // tables makes a random configuration and node state: several rules, some
 // for every VIP, all affinities and modes, every bucket state.
@@ -241,7 +265,10 @@ func (g *gen) frame() []byte {
 	if rng.IntN(20) == 0 {
 		return otherFrame(rng)
 	}
-	p := pkt{vlan: rng.IntN(5) == 0, src: g.addr(), dst: g.vip(), sport: g.port(), dport: g.port(),
+	if g.has6() && rng.IntN(2) == 0 {
+		return g.frame6()
+	}
+	p := pkt{vlan: rng.IntN(5) == 0, src: g.addr(), dst: g.vip4(), sport: g.port(), dport: g.port(),
 		ipOpts: rng.IntN(10) == 0, payload: make([]byte, rng.IntN(40))}
 	if rng.IntN(10) == 0 {
 		p.dst = g.addr() // most likely not a VIP
@@ -281,7 +308,7 @@ func (g *gen) frame() []byte {
 		// An ICMP error about a packet from a VIP (mostly) to a client.
 		p.proto = layers.IPProtocolICMPv4
 		p.icmpType = []uint8{3, 11, 12}[rng.IntN(3)]
-		q := pkt{src: g.vip(), dst: g.addr(), sport: g.port(), dport: g.port(),
+		q := pkt{src: g.vip4(), dst: g.addr(), sport: g.port(), dport: g.port(),
 			proto: []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4}[rng.IntN(3)]}
 		if rng.IntN(8) == 0 {
 			q.src = g.addr()
@@ -370,13 +397,16 @@ func (c conns) ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool { r
 // countingConns counts the lookups that found a connection.
 type countingConns struct {
 	conns
-	found int
+	found, found6 int
 }
 
 func (c *countingConns) HoldsConn(client, vip netip.AddrPort) bool {
 	ok := c.conns.HoldsConn(client, vip)
 	if ok {
 		c.found++
+		if vip.Addr().Is6() {
+			c.found6++
+		}
 	}
 	return ok
 }

@@ -24,12 +24,13 @@ type shoalCounters struct {
 }
 
 type shoalFragKey struct {
-	_     structs.HostLayout
-	Src   uint32
-	Dst   uint32
-	Id    uint16
-	Proto uint8
-	Pad   uint8
+	_      structs.HostLayout
+	Src    [4]uint32
+	Dst    [4]uint32
+	Id     uint32
+	Proto  uint8
+	Family uint8
+	Pad    uint16
 }
 
 type shoalFragVerdict struct {
@@ -73,6 +74,13 @@ type shoalSettings struct {
 	Pad  [2]uint8
 }
 
+type shoalVip6Bucket struct {
+	_    structs.HostLayout
+	N    uint32
+	Addr [64][4]uint32
+	Idx  [64]uint8
+}
+
 type shoalVipBucket struct {
 	_    structs.HostLayout
 	N    uint32
@@ -98,6 +106,7 @@ const (
 	shoalMapRules           = "rules"
 	shoalMapSettings        = "settings"
 	shoalMapVips            = "vips"
+	shoalMapVips6           = "vips6"
 	shoalProgShoalHashProbe = "shoal_hash_probe"
 	shoalProgShoalXdp       = "shoal_xdp"
 )
@@ -166,6 +175,7 @@ type shoalMapSpecs struct {
 	Rules        *ebpf.MapSpec `ebpf:"rules"`
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
+	Vips6        *ebpf.MapSpec `ebpf:"vips6"`
 }
 
 // shoalVariableSpecs contains global variables before they are loaded into the kernel.
@@ -208,6 +218,7 @@ type shoalMaps struct {
 	Rules        *ebpf.Map `ebpf:"rules"`
 	Settings     *ebpf.Map `ebpf:"settings"`
 	Vips         *ebpf.Map `ebpf:"vips"`
+	Vips6        *ebpf.Map `ebpf:"vips6"`
 }
 
 func (m *shoalMaps) Close() error {
@@ -226,6 +237,7 @@ func (m *shoalMaps) Close() error {
 		m.Rules,
 		m.Settings,
 		m.Vips,
+		m.Vips6,
 	)
 }
 

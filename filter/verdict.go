@@ -7,8 +7,8 @@ type Verdict uint8
 
 // Verdicts. Their values are not XDP action codes; use XDPAction for those.
 const (
-	// Pass: not VIP traffic (another address, ARP, IPv6, unparsable); the
-	// frame goes to the kernel untouched.
+	// Pass: not VIP traffic (another address, ARP, Neighbor Discovery,
+	// unparsable); the frame goes to the kernel untouched.
 	Pass Verdict = iota
 	// Accept: VIP traffic this node owns; the destination MAC is rewritten
 	// to the interface's MAC and the frame goes to the kernel.
@@ -54,7 +54,7 @@ const (
 	DropDirtyNoConn                   // OwnedDirty bucket, TCP non-SYN with no local connection
 	DropDrainNoConn                   // Draining bucket, no local connection (always for UDP and other traffic)
 	DropDisabled                      // the rule is disabled cluster-wide
-	DropMalformed                     // VIP traffic with a broken IPv4, TCP, UDP or ICMP header
+	DropMalformed                     // VIP traffic with a broken IPv4, IPv6, TCP, UDP or ICMP header
 	NumDropReasons                    // number of per-rule reasons, NoReason included
 
 	// DropNotPeer: UDP to this node's heartbeat socket from an address that

@@ -44,6 +44,7 @@ type XDP struct {
 	version uint32            // the version packets are judged by
 	slots   map[RuleID]uint32 // rule -> table slot and counter index
 	vipDir  [2][]uint32       // vips entries that may hold VIPs, per version
+	vip6Dir [2][]uint32       // the same of vips6
 	hbPeers map[shoalHbPeer]bool
 	// pending is a link adopted from pins (LoadPinnedXDP), attached with
 	// pendingMode; Attach moves it to this program.
@@ -182,8 +183,8 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 		return fmt.Errorf("update xdp tables: %d port rules, at most %d: %w", len(c.Rules), MaxRules, ErrCapacity)
 	}
 	for _, v := range c.VIPs {
-		if !v.Is4() {
-			return fmt.Errorf("update xdp tables: vip %s is not IPv4", v)
+		if err := checkFamily(v); err != nil {
+			return fmt.Errorf("update xdp tables: vip %w", err)
 		}
 	}
 	x.mu.Lock()
@@ -240,6 +241,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	if err := x.writeVIPs(next, c.VIPs); err != nil {
 		return err
 	}
+	if err := x.writeVIPs6(next, c.VIPs); err != nil {
+		return err
+	}
 
 	if err := x.objs.Active.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("flip xdp tables: %w", err)
@@ -264,6 +268,9 @@ func (x *XDP) writeVIPs(v uint32, vips []netip.Addr) error {
 	}
 	var written []uint32
 	for i, vip := range vips {
+		if !vip.Is4() {
+			continue
+		}
 		b := vip.As4()
 		k := v*vipDir + uint32(b[3])
 		vb := byKey[k]
@@ -287,6 +294,46 @@ func (x *XDP) writeVIPs(v uint32, vips []netip.Addr) error {
 		}
 	}
 	x.vipDir[v] = written
+	return nil
+}
+
+// writeVIPs6 fills the IPv6 VIP directory of version v as writeVIPs
+// fills the IPv4 one, by the last byte of the address.
+func (x *XDP) writeVIPs6(v uint32, vips []netip.Addr) error {
+	byKey := map[uint32]*shoalVip6Bucket{}
+	for _, k := range x.vip6Dir[v] {
+		byKey[k] = &shoalVip6Bucket{}
+	}
+	var written []uint32
+	for i, vip := range vips {
+		if vip.Is4() {
+			continue
+		}
+		b := vip.As16()
+		k := v*vipDir + uint32(b[15])
+		vb := byKey[k]
+		if vb == nil || vb.N == 0 {
+			vb = &shoalVip6Bucket{}
+			byKey[k] = vb
+			written = append(written, k)
+		}
+		for w := range 4 {
+			vb.Addr[vb.N][w] = binary.NativeEndian.Uint32(b[4*w:])
+		}
+		vb.Idx[vb.N] = uint8(i)
+		vb.N++
+	}
+	touched := make([]uint32, 0, len(byKey))
+	for k := range byKey {
+		touched = append(touched, k)
+	}
+	x.vip6Dir[v] = touched
+	for k, vb := range byKey {
+		if err := x.objs.Vips6.Update(k, vb, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update xdp ipv6 vips: %w", err)
+		}
+	}
+	x.vip6Dir[v] = written
 	return nil
 }
 

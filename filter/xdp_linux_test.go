@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -23,7 +24,11 @@ import (
 // connection's 4-tuple as the server sees it (client, vip).
 func realConn(t *testing.T, vip, client netip.Addr) (conn [2]netip.AddrPort, listener netip.AddrPort) {
 	t.Helper()
-	ln, err := net.Listen("tcp4", netip.AddrPortFrom(vip, 80).String())
+	network := "tcp4"
+	if vip.Is6() {
+		network = "tcp6"
+	}
+	ln, err := net.Listen(network, netip.AddrPortFrom(vip, 80).String())
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
@@ -37,7 +42,7 @@ func realConn(t *testing.T, vip, client netip.Addr) (conn [2]netip.AddrPort, lis
 		close(accepted)
 	}()
 	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client, 0))}
-	c, err := d.Dial("tcp4", netip.AddrPortFrom(vip, 80).String())
+	c, err := d.Dial(network, netip.AddrPortFrom(vip, 80).String())
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -49,6 +54,15 @@ func realConn(t *testing.T, vip, client netip.Addr) (conn [2]netip.AddrPort, lis
 	}
 	cl := c.LocalAddr().(*net.TCPAddr).AddrPort()
 	return [2]netip.AddrPort{netip.AddrPortFrom(cl.Addr().Unmap(), cl.Port()), netip.AddrPortFrom(vip, 80)}, netip.AddrPortFrom(vip, 80)
+}
+
+// isIPv6Frame reports whether frame carries IPv6 (behind one VLAN tag at most).
+func isIPv6Frame(frame []byte) bool {
+	et := binary.BigEndian.Uint16(frame[12:14])
+	if et == uint16(layers.EthernetTypeDot1Q) && len(frame) >= 18 {
+		et = binary.BigEndian.Uint16(frame[16:18])
+	}
+	return et == uint16(layers.EthernetTypeIPv6)
 }
 
 // lookNoZero drops the rules that counted nothing, so two sets of counters
@@ -85,14 +99,23 @@ func TestDifferential(t *testing.T) {
 	vip0, client := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
 	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
 	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.2/32", "dev", "lo")
+	vip6, client6 := netip.MustParseAddr("2001:db8:1::1"), netip.MustParseAddr("2001:db8:1::2")
+	run(t, "ip", "-n", ns, "addr", "add", vip6.String()+"/128", "dev", "lo", "nodad")
+	run(t, "ip", "-n", ns, "addr", "add", client6.String()+"/128", "dev", "lo", "nodad")
 	enterNetns(t, ns)
 	x := loadXDP(t)
 	conn, listener := realConn(t, vip0, client)
-	held := &countingConns{conns: conns{conn: true}}
+	conn6, _ := realConn(t, vip6, client6)
+	held := &countingConns{conns: conns{conn: true, conn6: true}}
+	// IPv6 frames' verdicts, apart, so that the generator's IPv6 paths are
+	// known to be reached.
+	verdicts6 := map[Verdict]int{}
+	reasons6 := map[DropReason]int{}
+	fragHits6 := 0
 
 	const tableSets, framesPerSet = 10, 10_000
 	rng := rand.New(rand.NewPCG(1, 2))
-	out := make([]byte, 2048)
+	out := make([]byte, 4096)
 	verdicts := map[Verdict]int{}
 	reasons := map[DropReason]int{}
 	failures, fragHits := 0, 0
@@ -108,6 +131,17 @@ func TestDifferential(t *testing.T) {
 		}
 		for n := rng.IntN(4); n > 0; n-- {
 			g.vips = append(g.vips, netip.AddrFrom4([4]byte{198, 18, 1, byte(rng.IntN(256))}))
+		}
+		if set%2 == 0 {
+			// IPv6 VIPs: the real connection's, one sharing its last
+			// byte (the IPv6 VIP directory groups by it), and others.
+			g.vips = append(g.vips, vip6, netip.MustParseAddr("2001:db8:2::1"))
+			for n := rng.IntN(3); n > 0; n-- {
+				g.vips = append(g.vips, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 1, 15: byte(rng.IntN(8))}))
+			}
+			slices.SortFunc(g.vips, netip.Addr.Compare)
+			g.vips = slices.Compact(g.vips)
+			g.conn6 = conn6
 		}
 		tb := g.tables()
 		if err := x.Update(tb, nodeMAC); err != nil {
@@ -154,6 +188,10 @@ func TestDifferential(t *testing.T) {
 			}
 			verdicts[res.Verdict]++
 			reasons[res.Reason]++
+			if isIPv6Frame(frame) {
+				verdicts6[res.Verdict]++
+				reasons6[res.Reason]++
+			}
 			opts := ebpf.RunOptions{Data: frame, DataOut: out}
 			act, err := x.Program().Run(&opts)
 			if err != nil {
@@ -183,6 +221,7 @@ func TestDifferential(t *testing.T) {
 			t.Errorf("set %d: %d heartbeats from strangers dropped, reference %d", set, hbAfter-hbBefore, wantHB)
 		}
 		fragHits += g.fragHits
+		fragHits6 += g.fragHits6
 	}
 	t.Logf("verdicts %v, reasons %v, real connection found %d times", verdicts, reasons, held.found)
 	// The generator must reach every path the comparison is meant to cover.
@@ -197,37 +236,129 @@ func TestDifferential(t *testing.T) {
 	if held.found < 50 {
 		t.Errorf("only %d frames found the real connection", held.found)
 	}
+	t.Logf("IPv6: verdicts %v, reasons %v, real connection found %d times, %d later fragments of a seen datagram", verdicts6, reasons6, held.found6, fragHits6)
+	if fragHits6 < 100 {
+		t.Errorf("only %d later IPv6 fragments of a datagram whose first fragment was seen", fragHits6)
+	}
+	for _, r := range []DropReason{NoReason, DropNotOwned, DropDirtyNoConn, DropDrainNoConn, DropDisabled, DropMalformed} {
+		if reasons6[r] < 30 {
+			t.Errorf("only %d IPv6 frames with reason %v: the generator misses a path", reasons6[r], r)
+		}
+	}
+	if held.found6 < 30 {
+		t.Errorf("only %d IPv6 frames found the real IPv6 connection", held.found6)
+	}
+	if verdicts6[Pass] < 500 || verdicts6[Accept] < 500 || verdicts6[Drop] < 500 {
+		t.Errorf("IPv6 verdict mix %v too thin", verdicts6)
+	}
 	if verdicts[Pass] < 1000 || verdicts[Accept] < 1000 || verdicts[Drop] < 1000 {
 		t.Errorf("verdict mix %v too thin", verdicts)
 	}
 }
 
 // TestHashAgreement runs the C hash (the shoal_hash_probe program) against
-// filter.Hash on random inputs under many seeds.
+// filter.HashWords on random IPv4 (2-word) and IPv6 (5-word) keys under
+// many seeds.
 func TestHashAgreement(t *testing.T) {
 	x := loadXDP(t)
 	rng := rand.New(rand.NewPCG(3, 4))
-	in := make([]byte, 16)
+	in := make([]byte, 32)
 	out := make([]byte, 64)
 	for i := 0; i < 20_000; i++ {
-		seed, a, b := rng.Uint32(), rng.Uint32(), rng.Uint32()
-		switch i % 4 {
-		case 1:
-			b = 0
-		case 2:
-			a, b = 0, 0
+		seed := rng.Uint32()
+		w := make([]uint32, 2+3*(i%2))
+		for j := range w {
+			w[j] = rng.Uint32()
 		}
+		switch i % 6 {
+		case 2, 3:
+			w[len(w)-1] = 0
+		case 4, 5:
+			clear(w[len(w)/2:])
+		}
+		clear(in)
 		binary.NativeEndian.PutUint32(in[0:], seed)
-		binary.NativeEndian.PutUint32(in[4:], a)
-		binary.NativeEndian.PutUint32(in[8:], b)
+		binary.NativeEndian.PutUint32(in[4:], uint32(len(w)))
+		for j, v := range w {
+			binary.NativeEndian.PutUint32(in[8+4*j:], v)
+		}
 		opts := ebpf.RunOptions{Data: in, DataOut: out}
 		if _, err := x.objs.ShoalHashProbe.Run(&opts); err != nil {
 			t.Fatalf("run hash probe: %v", err)
 		}
-		got := binary.NativeEndian.Uint32(opts.DataOut[12:])
-		if want := Hash(seed, a, b); got != want {
-			t.Fatalf("Hash(%#x, %#x, %#x): C %#x, Go %#x", seed, a, b, got, want)
+		got := binary.NativeEndian.Uint32(opts.DataOut[28:])
+		if want := HashWords(seed, w); got != want {
+			t.Fatalf("HashWords(%#x, %#x): C %#x, Go %#x", seed, w, got, want)
 		}
+	}
+}
+
+// TestXDPIPv6 runs IPv6 frames through the program with known tables: an
+// owned flow passes with the interface's MAC as destination, a flow in a
+// bucket this node does not own is dropped, Neighbor Discovery and traffic
+// to other addresses pass untouched, and the counters say so.
+func TestXDPIPv6(t *testing.T) {
+	x := loadXDP(t)
+	c := refConfig6()
+	other := netip.MustParseAddr("2001:db8:7::9")
+	st := new([NumBuckets]BucketState) // rule 2 (single): refClient6 owned, other not
+	mine, theirs := keyFor(AffinitySingle, refClient6, 0), keyFor(AffinitySingle, other, 0)
+	if mine.Bucket(c.Seed) == theirs.Bucket(c.Seed) {
+		t.Fatal("the two clients share a bucket; pick another")
+	}
+	st[mine.Bucket(c.Seed)] = Owned
+	if err := x.Update(&Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{2: st}}, nodeMAC); err != nil {
+		t.Fatal(err)
+	}
+	before, err := x.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tooMany := tcp6(refVIP6, 40000, 80)
+	for range MaxExtHeaders + 1 {
+		tooMany.exts = append(tooMany.exts, ext6{nh: nhDestOpts})
+	}
+	tests := []struct {
+		name   string
+		frame  []byte
+		action uint32
+		mac    net.HardwareAddr // the destination MAC the frame leaves with
+	}{
+		{"owned", tcp6(refVIP6, 40000, 80).build(), xdpPass, nodeMAC},
+		{"owned, behind extension headers and a vlan tag",
+			pkt6{vlan: true, src: refClient6, dst: refVIP6, sport: 40000, dport: 80, proto: layers.IPProtocolTCP, exts: []ext6{{nh: nhHopByHop}, {nh: nhRouting, units: 1}}}.build(), xdpPass, nodeMAC},
+		{"not owned", pkt6{src: other, dst: refVIP6, sport: 40000, dport: 80, proto: layers.IPProtocolTCP}.build(), xdpDrop, clusterMAC},
+		{"neighbour solicitation to the VIP", pkt6{src: other, dst: refVIP6, proto: layers.IPProtocolICMPv6, icmpType: 135, payload: make([]byte, 20)}.build(), xdpPass, clusterMAC},
+		{"not a VIP", pkt6{src: other, dst: netip.MustParseAddr("2001:db8::99"), sport: 1, dport: 80, proto: layers.IPProtocolTCP}.build(), xdpPass, clusterMAC},
+		{"too many extension headers", tooMany.build(), xdpDrop, clusterMAC},
+	}
+	out := make([]byte, 4096)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts := ebpf.RunOptions{Data: tt.frame, DataOut: out}
+			act, err := x.Program().Run(&opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if act != tt.action {
+				t.Errorf("action %d, want %d", act, tt.action)
+			}
+			want := append(append([]byte(nil), tt.mac...), tt.frame[6:]...)
+			if !bytes.Equal(opts.DataOut, want) {
+				t.Errorf("frame out %x\nwant          %x", opts.DataOut, want)
+			}
+		})
+	}
+	after, err := x.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want2, wantDefault RuleCounters
+	want2.Accepted = 2
+	want2.Dropped[DropNotOwned] = 1
+	wantDefault.Dropped[DropMalformed] = 1
+	if diff := cmp.Diff(Counters{2: want2, DefaultRule: wantDefault}, sub(after, before)); diff != "" {
+		t.Errorf("counters (-want +got):\n%s", diff)
 	}
 }
 

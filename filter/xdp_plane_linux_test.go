@@ -195,23 +195,32 @@ func TestFragmentsFollowFlow(t *testing.T) {
 
 // vethNode builds a client namespace and a node namespace joined by a veth
 // pair, the node holding vip on lo and the program attached to its side
-// (generic mode, as the agent attaches on veth). It returns the client
-// namespace, the loaded program and the node's interface MAC; the caller's
-// goroutine is in the node namespace.
+// (generic mode, as the agent attaches on veth). The client has the VIP's
+// cluster MAC as a static neighbour; for an IPv6 VIP the addresses are in
+// 2001:db8::/64. It returns the client namespace, the loaded program and
+// the node's interface MAC; the caller's goroutine is in the node
+// namespace.
 func vethNode(t *testing.T, vip, clientIP netip.Addr) (client string, x *XDP, mac net.HardwareAddr) {
 	t.Helper()
 	client, node := newNetns(t), newNetns(t)
 	va, vb := uniqueName("sva"), uniqueName("svb")
 	run(t, "ip", "link", "add", va, "netns", client, "type", "veth", "peer", "name", vb, "netns", node)
-	v4 := vip.As4()
-	cluster := net.HardwareAddr{0x03, 0xbf, v4[0], v4[1], v4[2], v4[3]}
-	run(t, "ip", "-n", client, "addr", "add", clientIP.String()+"/24", "dev", va)
-	run(t, "ip", "-n", client, "link", "set", va, "up")
-	run(t, "ip", "-n", client, "neigh", "add", vip.String(), "lladdr", cluster.String(), "dev", va, "nud", "permanent")
-	run(t, "ip", "-n", node, "addr", "add", "198.18.0.2/24", "dev", vb)
-	run(t, "ip", "-n", node, "addr", "add", vip.String()+"/32", "dev", "lo")
+	cluster := testClusterMAC(vip)
+	if vip.Is6() {
+		run(t, "ip", "-n", client, "addr", "add", clientIP.String()+"/64", "dev", va, "nodad")
+		run(t, "ip", "-n", client, "link", "set", va, "up")
+		run(t, "ip", "-n", client, "neigh", "add", vip.String(), "lladdr", cluster.String(), "dev", va, "nud", "permanent")
+		run(t, "ip", "-n", node, "addr", "add", "2001:db8::2/64", "dev", vb, "nodad")
+		run(t, "ip", "-n", node, "addr", "add", vip.String()+"/128", "dev", "lo", "nodad")
+	} else {
+		run(t, "ip", "-n", client, "addr", "add", clientIP.String()+"/24", "dev", va)
+		run(t, "ip", "-n", client, "link", "set", va, "up")
+		run(t, "ip", "-n", client, "neigh", "add", vip.String(), "lladdr", cluster.String(), "dev", va, "nud", "permanent")
+		run(t, "ip", "-n", node, "addr", "add", "198.18.0.2/24", "dev", vb)
+		run(t, "ip", "-n", node, "addr", "add", vip.String()+"/32", "dev", "lo")
+		run(t, "ip", "netns", "exec", node, "sysctl", "-q", "-w", "net.ipv4.conf."+vb+".arp_ignore=1", "net.ipv4.conf."+vb+".arp_announce=2")
+	}
 	run(t, "ip", "-n", node, "maddr", "add", cluster.String(), "dev", vb)
-	run(t, "ip", "netns", "exec", node, "sysctl", "-q", "-w", "net.ipv4.conf."+vb+".arp_ignore=1", "net.ipv4.conf."+vb+".arp_announce=2")
 	run(t, "ip", "-n", node, "link", "set", vb, "up")
 	enterNetns(t, node)
 	ifc, err := net.InterfaceByName(vb)
@@ -221,6 +230,26 @@ func vethNode(t *testing.T, vip, clientIP netip.Addr) (client string, x *XDP, ma
 	x = loadXDP(t)
 	t.Cleanup(func() { x.Detach() })
 	return client, x, ifc.HardwareAddr
+}
+
+// testClusterMAC is agent.ClusterMAC (which filter cannot import): 03:bf
+// and an IPv4 VIP's bytes, 03:be and an IPv6 VIP's last four.
+func testClusterMAC(vip netip.Addr) net.HardwareAddr {
+	if vip.Is4() {
+		b := vip.As4()
+		return net.HardwareAddr{0x03, 0xbf, b[0], b[1], b[2], b[3]}
+	}
+	b := vip.As16()
+	return net.HardwareAddr{0x03, 0xbe, b[12], b[13], b[14], b[15]}
+}
+
+// families are the VIP and client addresses the veth tests run with.
+var families = []struct {
+	name        string
+	vip, client netip.Addr
+}{
+	{"ipv4", netip.MustParseAddr("198.18.0.100"), netip.MustParseAddr("198.18.0.1")},
+	{"ipv6", netip.MustParseAddr("2001:db8::100"), netip.MustParseAddr("2001:db8::1")},
 }
 
 func attach(t *testing.T, x *XDP, mac net.HardwareAddr, tb *Tables) {
@@ -243,28 +272,32 @@ func attach(t *testing.T, x *XDP, mac net.HardwareAddr, tb *Tables) {
 // TestSynCookie completes real handshakes through an owned-dirty bucket
 // with the node answering every SYN with a cookie (tcp_syncookies=2): the
 // handshake's ACK finds only the listener, and gets through because its
-// cookie is valid, as does the data after it.
+// cookie is valid, as does the data after it. IPv4 and IPv6.
 func TestSynCookie(t *testing.T) {
-	vip, clientIP := netip.MustParseAddr("198.18.0.100"), netip.MustParseAddr("198.18.0.1")
-	client, x, mac := vethNode(t, vip, clientIP)
-	run(t, "sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2") // in the node namespace: the thread is there
-	c := &Config{Seed: 0x5ea1, VIPs: []netip.Addr{vip},
-		Rules: []Rule{{ID: 7, VIP: vip, PortLo: 8080, PortHi: 8080, Proto: ProtoTCP, Affinity: AffinityNone}}}
-	cip := u32(clientIP)
-	port := uint16(20000)
-	st := new([NumBuckets]BucketState)
-	st[Bucket(c.Seed, AffinityNone, cip, port)] = OwnedDirty
-	attach(t, x, mac, &Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{7: st}})
-	echoServer(t, netip.AddrPortFrom(vip, 8080))
-	if err := echo(client, clientIP, port, netip.AddrPortFrom(vip, 8080), 5*time.Second); err != nil {
-		t.Errorf("connection through a dirty bucket with SYN cookies: %v", err)
-	}
-	cs, err := x.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rc := cs[7]; rc.Accepted < 3 {
-		t.Errorf("rule 7 counters %+v: want the SYN, the cookie ACK and the data accepted", rc)
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			vip, clientIP := fam.vip, fam.client
+			client, x, mac := vethNode(t, vip, clientIP)
+			run(t, "sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2") // in the node namespace: the thread is there (IPv6 too)
+			c := &Config{Seed: 0x5ea1, VIPs: []netip.Addr{vip},
+				Rules: []Rule{{ID: 7, VIP: vip, PortLo: 8080, PortHi: 8080, Proto: ProtoTCP, Affinity: AffinityNone}}}
+			port := uint16(20000)
+			st := new([NumBuckets]BucketState)
+			k := KeyOf(AffinityNone, clientIP, port)
+			st[k.Bucket(c.Seed)] = OwnedDirty
+			attach(t, x, mac, &Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{7: st}})
+			echoServer(t, netip.AddrPortFrom(vip, 8080))
+			if err := echo(client, clientIP, port, netip.AddrPortFrom(vip, 8080), 5*time.Second); err != nil {
+				t.Errorf("connection through a dirty bucket with SYN cookies: %v", err)
+			}
+			cs, err := x.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc := cs[7]; rc.Accepted < 3 || rc.Dropped[DropDirtyNoConn] != 0 {
+				t.Errorf("rule 7 counters %+v: want the SYN, the cookie ACK and the data accepted, nothing dropped", rc)
+			}
+		})
 	}
 }
 
@@ -273,66 +306,71 @@ func TestSynCookie(t *testing.T) {
 // its ports in an owned bucket, the others follow it, and the server
 // receives whole datagrams. Later fragments judged on their own would fall
 // to the rule for port 0, here the default rule, which this node does not
-// own.
+// own. IPv4 and IPv6 (whose fragments carry a fragment header).
 func TestLargeUDP(t *testing.T) {
-	vip, clientIP := netip.MustParseAddr("198.18.0.100"), netip.MustParseAddr("198.18.0.1")
-	client, x, mac := vethNode(t, vip, clientIP)
-	c := &Config{Seed: 0x5ea2, VIPs: []netip.Addr{vip},
-		Rules: []Rule{{ID: 8, VIP: vip, PortLo: 9000, PortHi: 9000, Proto: ProtoUDP, Affinity: AffinityNone}}}
-	port := uint16(21000)
-	st := new([NumBuckets]BucketState)
-	st[Bucket(c.Seed, AffinityNone, u32(clientIP), port)] = Owned
-	attach(t, x, mac, &Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{8: st}})
-	srv, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(vip, 9000)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	const size = 4000
-	err = inNetns(client, func() error {
-		conn, err := net.DialUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(clientIP, port)), net.UDPAddrFromAddrPort(netip.AddrPortFrom(vip, 9000)))
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		for i := 0; i < 3; i++ {
-			if _, err := conn.Write(bytes.Repeat([]byte{byte(i)}, size)); err != nil {
-				return err
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			vip, clientIP := fam.vip, fam.client
+			client, x, mac := vethNode(t, vip, clientIP)
+			c := &Config{Seed: 0x5ea2, VIPs: []netip.Addr{vip},
+				Rules: []Rule{{ID: 8, VIP: vip, PortLo: 9000, PortHi: 9000, Proto: ProtoUDP, Affinity: AffinityNone}}}
+			port := uint16(21000)
+			st := new([NumBuckets]BucketState)
+			k := KeyOf(AffinityNone, clientIP, port)
+			st[k.Bucket(c.Seed)] = Owned
+			attach(t, x, mac, &Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{8: st}})
+			srv, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(vip, 9000)))
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("send: %v", err)
-	}
-	srv.SetReadDeadline(time.Now().Add(3 * time.Second))
-	buf := make([]byte, 2*size)
-	got := 0
-	for got < 3 {
-		n, err := srv.Read(buf)
-		if err != nil {
-			break
-		}
-		if n != size {
-			t.Errorf("datagram of %d bytes, want %d", n, size)
-		}
-		got++
-	}
-	if got != 3 {
-		t.Errorf("server received %d of 3 fragmented datagrams", got)
-	}
-	cs, err := x.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rc := cs[8]; rc.Accepted < 9 || cs[DefaultRule].Accepted != 0 {
-		t.Errorf("counters %+v: want 3 fragments a datagram accepted under rule 8", cs)
+			t.Cleanup(func() { srv.Close() })
+			const size = 4000
+			err = inNetns(client, func() error {
+				conn, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(clientIP, port)), net.UDPAddrFromAddrPort(netip.AddrPortFrom(vip, 9000)))
+				if err != nil {
+					return err
+				}
+				defer conn.Close()
+				for i := 0; i < 3; i++ {
+					if _, err := conn.Write(bytes.Repeat([]byte{byte(i)}, size)); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("send: %v", err)
+			}
+			srv.SetReadDeadline(time.Now().Add(3 * time.Second))
+			buf := make([]byte, 2*size)
+			got := 0
+			for got < 3 {
+				n, err := srv.Read(buf)
+				if err != nil {
+					break
+				}
+				if n != size {
+					t.Errorf("datagram of %d bytes, want %d", n, size)
+				}
+				got++
+			}
+			if got != 3 {
+				t.Errorf("server received %d of 3 fragmented datagrams", got)
+			}
+			cs, err := x.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc := cs[8]; rc.Accepted < 9 || cs[DefaultRule].Accepted != 0 {
+				t.Errorf("counters %+v: want 3 fragments a datagram accepted under rule 8", cs)
+			}
+		})
 	}
 }
 
 func echoServer(t *testing.T, at netip.AddrPort) {
 	t.Helper()
-	ln, err := net.Listen("tcp4", at.String())
+	ln, err := net.Listen("tcp", at.String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +390,7 @@ func echoServer(t *testing.T, at netip.AddrPort) {
 func echo(ns string, from netip.Addr, port uint16, to netip.AddrPort, timeout time.Duration) error {
 	return inNetns(ns, func() error {
 		d := net.Dialer{Timeout: timeout, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, port))}
-		conn, err := d.Dial("tcp4", to.String())
+		conn, err := d.Dial("tcp", to.String())
 		if err != nil {
 			return err
 		}

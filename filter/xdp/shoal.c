@@ -2,8 +2,9 @@
 //
 // shoal's XDP data plane: keep the VIP packets this node owns, drop the rest
 // of the VIP traffic, pass everything else untouched. The rules are the Go
-// reference classifier's (filter/classify.go); a differential test runs both
-// on the same frames. All tables exist twice (version 0 and 1); the loader
+// reference classifier's (filter/classify.go, classify6.go); a differential
+// test runs both on the same frames. Two parsers, IPv4 and IPv6, turn a
+// packet into a struct flow; one verdict core judges every flow. All tables exist twice (version 0 and 1); the loader
 // fills the inactive version and then flips `active`, so a packet, which
 // reads `active` once, is judged by one whole version.
 
@@ -20,6 +21,9 @@
 #define NUM_PORTS 65536
 #define FRAG_ENTRIES 16384 // datagrams whose first fragment's verdict is remembered
 #define MAX_HB_PEERS 1024
+#define MAX_EXT_HDRS 8   // IPv6 extension headers walked (filter.MaxExtHeaders)
+#define MAX_L4_OFF 1024  // IPv6 transport header within this many bytes (filter.MaxL4Offset)
+#define MAX_KEY 5        // flow key words: 2 for IPv4, 5 for IPv6
 
 // Bucket states (filter.BucketState).
 #define ST_NOT_OWNED 0
@@ -43,6 +47,12 @@
 
 #define ETH_P_8021Q_ 0x8100
 #define ETH_P_IP_ 0x0800
+#define ETH_P_IPV6_ 0x86DD
+#define NH_HOPOPTS 0
+#define NH_ROUTING 43
+#define NH_FRAGMENT 44
+#define NH_ICMPV6 58
+#define NH_DSTOPTS 60
 #define BPF_TCP_LISTEN_ 10
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
@@ -52,6 +62,12 @@
 struct vip_bucket {
 	__u32 n;
 	__u32 addr[MAX_VIPS]; // network byte order, as in the packet
+	__u8 idx[MAX_VIPS];
+};
+
+struct vip6_bucket {
+	__u32 n;
+	__u32 addr[MAX_VIPS][4]; // network byte order, as in the packet
 	__u8 idx[MAX_VIPS];
 };
 
@@ -106,6 +122,15 @@ struct {
 	__type(value, struct vip_bucket);
 } vips SEC(".maps");
 
+// vips6[version*VIP_DIR + last byte of the address]: the IPv6 VIPs, as
+// vips holds the IPv4 ones. VIP indexes are shared by both families.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * VIP_DIR);
+	__type(key, __u32);
+	__type(value, struct vip6_bucket);
+} vips6 SEC(".maps");
+
 // ports[(version*MAX_VIPS + vip index)*2 + (0 tcp, 1 udp)]: port -> slot.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -151,12 +176,16 @@ struct {
 
 // A datagram's first fragment is judged by its ports like any packet; its
 // verdict is remembered here for the other fragments, which carry no
-// ports. Every node sees the same fragments, so the decisions agree.
+// ports. Every node sees the same fragments, so the decisions agree. An
+// IPv4 datagram is named by addresses, protocol and 16-bit id (the
+// addresses in src[0] and dst[0]); an IPv6 one by addresses, the fragment
+// header's next header and its 32-bit identification.
 struct frag_key {
-	__be32 src, dst;
-	__be16 id;
+	__be32 src[4], dst[4];
+	__be32 id;
 	__u8 proto;
-	__u8 pad;
+	__u8 family; // 4 or 6
+	__u16 pad;
 };
 
 struct frag_verdict {
@@ -229,7 +258,7 @@ struct {
 	.values = {[0] = &barrier_inner},
 };
 
-// shoal_hash mirrors filter.Hash: MurmurHash3 x86_32 of two words.
+// shoal_hash mirrors filter.HashWords: MurmurHash3 x86_32 of n key words.
 static __always_inline __u32 rotl32(__u32 x, int r)
 {
 	return (x << r) | (x >> (32 - r));
@@ -245,12 +274,14 @@ static __always_inline __u32 murmur_round(__u32 h, __u32 k)
 	return h * 5 + 0xe6546b64;
 }
 
-static __always_inline __u32 shoal_hash(__u32 seed, __u32 a, __u32 b)
+static __always_inline __u32 shoal_hash(__u32 seed, const __u32 *k, __u32 n)
 {
 	__u32 h = seed;
-	h = murmur_round(h, a);
-	h = murmur_round(h, b);
-	h ^= 8;
+#pragma unroll
+	for (int i = 0; i < MAX_KEY; i++)
+		if (i < n)
+			h = murmur_round(h, k[i]);
+	h ^= n * 4;
 	h ^= h >> 16;
 	h *= 0x85ebca6b;
 	h ^= h >> 13;
@@ -259,16 +290,27 @@ static __always_inline __u32 shoal_hash(__u32 seed, __u32 a, __u32 b)
 	return h;
 }
 
-// A packet's flow, as the state rules need it.
+// A packet's flow, as the verdict core needs it; the parsers fill it in.
 struct flow {
 	__u32 slot;
-	__u32 a, b;     // key words
-	__u8 tcp;       // TCP with a known 4-tuple (or an ICMP error about one)
+	__u32 key[MAX_KEY]; // key words
+	__u32 nkey;
+	__u8 tcp;    // TCP with a known 4-tuple (or an ICMP error about one)
 	__u8 syn;
-	__u8 cookie;    // a TCP ACK (no SYN, no RST) that may complete a SYN-cookie handshake
-	__be32 client_ip, vip_ip;
+	__u8 cookie; // a TCP ACK (no SYN, no RST) that may complete a SYN-cookie handshake
+	__u8 v6;
+	__u8 first_frag; // judge, and remember the verdict under fk
+	__u8 later_frag; // take the verdict remembered under fk, if any
 	__be16 client_port, vip_port;
+	__be32 client_ip[4], vip_ip[4]; // IPv4: [0] only
+	struct frag_key fk;
 };
+
+// What a parser says of a packet.
+#define P_JUDGE 0     // VIP traffic: judge the flow
+#define P_PASS 1      // not VIP traffic, or Neighbor Discovery: pass untouched
+#define P_MALFORMED 2 // VIP traffic with a broken header: drop, count
+#define P_HB_DROP 3   // a heartbeat from a stranger: drop, count apart
 
 static __always_inline int count(__u32 slot, __u32 idx)
 {
@@ -294,38 +336,79 @@ static __always_inline __u32 port_slot(__u32 version, __u32 vip_idx, __u32 proto
 	return pt->slot[port];
 }
 
-static __always_inline void flow_key(struct flow *f, __u8 aff, __u32 ip, __u16 port)
+static __always_inline void key4(struct flow *f, __u8 aff, __u32 ip, __u16 port)
 {
+	f->nkey = 2;
 	if (aff == AFF_NONE) {
-		f->a = ip;
-		f->b = port;
+		f->key[0] = ip;
+		f->key[1] = port;
 	} else if (aff == AFF_NETWORK) {
-		f->a = ip & 0xffffff00;
-		f->b = 0;
+		f->key[0] = ip & 0xffffff00;
+		f->key[1] = 0;
 	} else {
-		f->a = ip;
-		f->b = 0;
+		f->key[0] = ip;
+		f->key[1] = 0;
 	}
+}
+
+// key6 keys an IPv6 client address a (16 bytes within the packet): the
+// /128 and the port, the /128, or the /64.
+static __always_inline void key6(struct flow *f, __u8 aff, __u8 *a, __u16 port)
+{
+	f->nkey = 5;
+	f->key[0] = bpf_ntohl(*(__u32 *)a);
+	f->key[1] = bpf_ntohl(*(__u32 *)(a + 4));
+	if (aff == AFF_NETWORK) {
+		f->key[2] = 0;
+		f->key[3] = 0;
+	} else {
+		f->key[2] = bpf_ntohl(*(__u32 *)(a + 8));
+		f->key[3] = bpf_ntohl(*(__u32 *)(a + 12));
+	}
+	f->key[4] = aff == AFF_NONE ? port : 0;
+}
+
+static __always_inline void copy16(__be32 *dst, __u8 *a)
+{
+	dst[0] = *(__u32 *)a;
+	dst[1] = *(__u32 *)(a + 4);
+	dst[2] = *(__u32 *)(a + 8);
+	dst[3] = *(__u32 *)(a + 12);
 }
 
 // holds_conn asks the socket table whether this node holds a connection:
 // a socket that is not a listener, or, for an ACK that finds only the
 // listener, a valid SYN cookie (the kernel answered the SYN with a cookie
-// under SYN-flood pressure and keeps no request socket). iph and th are the
-// packet's IPv4 and TCP headers, 20 bytes each within the packet.
-static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f, void *iph, void *th)
+// under SYN-flood pressure and keeps no request socket). l3 and th are the
+// packet's IP and TCP headers (th 0 when the flow comes from an ICMP error).
+static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f, __u8 *l3, __u8 *th, void *data_end)
 {
 	struct bpf_sock_tuple t = {};
-	t.ipv4.saddr = f->client_ip;
-	t.ipv4.daddr = f->vip_ip;
-	t.ipv4.sport = f->client_port;
-	t.ipv4.dport = f->vip_port;
-	struct bpf_sock *sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	struct bpf_sock *sk;
+	if (f->v6) {
+		__builtin_memcpy(t.ipv6.saddr, f->client_ip, 16);
+		__builtin_memcpy(t.ipv6.daddr, f->vip_ip, 16);
+		t.ipv6.sport = f->client_port;
+		t.ipv6.dport = f->vip_port;
+		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	} else {
+		t.ipv4.saddr = f->client_ip[0];
+		t.ipv4.daddr = f->vip_ip[0];
+		t.ipv4.sport = f->client_port;
+		t.ipv4.dport = f->vip_port;
+		sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	}
 	if (!sk)
 		return 0;
 	int held = sk->state != BPF_TCP_LISTEN_;
-	if (!held && f->cookie && th)
-		held = bpf_tcp_check_syncookie(sk, iph, 20, th, 20) == 0;
+	if (!held && f->cookie && th && th + 20 <= (__u8 *)data_end) {
+		if (f->v6) {
+			if (l3 + 40 <= (__u8 *)data_end)
+				held = bpf_tcp_check_syncookie(sk, l3, 40, (void *)th, 20) == 0;
+		} else if (l3 + 20 <= (__u8 *)data_end) {
+			held = bpf_tcp_check_syncookie(sk, l3, 20, (void *)th, 20) == 0;
+		}
+	}
 	bpf_sk_release(sk);
 	return held;
 }
@@ -389,6 +472,359 @@ static __always_inline int heartbeat_ok(__u8 *ip, void *data_end)
 	return 0;
 }
 
+// vip6_index finds the IPv6 address at a (16 bytes within the packet)
+// among the IPv6 VIPs of version.
+static __always_inline int vip6_index(__u32 version, __u8 *a, __u32 *idx)
+{
+	__u32 key = version * VIP_DIR + a[15];
+	struct vip6_bucket *vb = bpf_map_lookup_elem(&vips6, &key);
+	if (!vb)
+		return 0;
+	__u32 w0 = *(__u32 *)a, w1 = *(__u32 *)(a + 4), w2 = *(__u32 *)(a + 8), w3 = *(__u32 *)(a + 12);
+	for (int i = 0; i < MAX_VIPS; i++) {
+		if (i >= vb->n)
+			break;
+		if (vb->addr[i][0] == w0 && vb->addr[i][1] == w1 && vb->addr[i][2] == w2 && vb->addr[i][3] == w3) {
+			*idx = vb->idx[i] & (MAX_VIPS - 1);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+// rule_affinity returns the affinity of the rule in slot.
+static __always_inline __u8 rule_affinity(__u32 version, __u32 slot)
+{
+	__u32 rkey = version * MAX_SLOTS + slot;
+	struct rule_info *ri = bpf_map_lookup_elem(&rules, &rkey);
+	return ri ? ri->affinity : AFF_SINGLE;
+}
+
+// parse4 reads the flow of the IPv4 packet ip (20 bytes of it are within
+// the frame).
+static __always_inline int parse4(__u8 *ip, void *data_end, __u32 version, struct flow *f, __u8 **th)
+{
+	__u32 vidx;
+	if (!vip_index(version, *(__u32 *)(ip + 16), &vidx))
+		return heartbeat_ok(ip, data_end) ? P_PASS : P_HB_DROP;
+
+	__u32 avail = (__u32)((long)data_end - (long)ip);
+	__u32 ihl = (ip[0] & 0x0f) * 4;
+	__u32 total = bpf_ntohs(*(__u16 *)(ip + 2));
+	if ((ip[0] >> 4) != 4 || ihl < 20 || total < ihl || total > avail)
+		return P_MALFORMED;
+
+	__u32 src = bpf_ntohl(*(__u32 *)(ip + 12));
+	__u8 proto = ip[9];
+	__u32 l4len = total - ihl;
+	__u8 *l4 = ip + ihl;
+	__u16 fragoff = bpf_ntohs(*(__u16 *)(ip + 6));
+	if (fragoff & (IP_MF | IP_OFFSET)) {
+		f->fk.src[0] = *(__u32 *)(ip + 12);
+		f->fk.dst[0] = *(__u32 *)(ip + 16);
+		f->fk.id = *(__u16 *)(ip + 4);
+		f->fk.proto = proto;
+		f->fk.family = 4;
+		f->first_frag = !(fragoff & IP_OFFSET);
+	}
+
+	if (fragoff & IP_OFFSET) {
+		// A later fragment follows its datagram's first fragment; if that
+		// was not seen (or forgotten): rule for port 0, key (client IP,
+		// 0), as every node judges it alike.
+		f->later_frag = 1;
+		if (proto == IPPROTO_TCP)
+			f->slot = port_slot(version, vidx, PROTO_TCP_IDX, 0);
+		else if (proto == IPPROTO_UDP)
+			f->slot = port_slot(version, vidx, PROTO_UDP_IDX, 0);
+		key4(f, AFF_SINGLE, src, 0);
+		return P_JUDGE;
+	}
+
+	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
+		if (proto == IPPROTO_TCP) {
+			if (l4len < 20)
+				return P_MALFORMED;
+			if (l4 + 20 > (__u8 *)data_end)
+				return P_MALFORMED;
+			__u32 doff = (l4[12] >> 4) * 4;
+			if (doff < 20 || doff > l4len)
+				return P_MALFORMED;
+		} else {
+			if (l4len < 8)
+				return P_MALFORMED;
+			if (l4 + 8 > (__u8 *)data_end)
+				return P_MALFORMED;
+		}
+		__u16 sport = bpf_ntohs(*(__u16 *)l4);
+		__u16 dport = bpf_ntohs(*(__u16 *)(l4 + 2));
+		f->slot = port_slot(version, vidx, proto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, dport);
+		key4(f, rule_affinity(version, f->slot), src, sport);
+		if (proto == IPPROTO_TCP) {
+			if (l4 + 20 > (__u8 *)data_end)
+				return P_MALFORMED; // checked above; clang may merge the checks
+			f->tcp = 1;
+			f->syn = (l4[13] & 0x12) == 0x02;
+			f->cookie = (l4[13] & 0x16) == 0x10; // ACK without SYN or RST
+			*th = l4;
+			f->client_ip[0] = *(__u32 *)(ip + 12);
+			f->vip_ip[0] = *(__u32 *)(ip + 16);
+			f->client_port = *(__u16 *)l4;
+			f->vip_port = *(__u16 *)(l4 + 2);
+		}
+		return P_JUDGE;
+	}
+
+	if (proto == IPPROTO_ICMP) {
+		if (l4len < 8)
+			return P_MALFORMED;
+		if (l4 + 8 > (__u8 *)data_end)
+			return P_MALFORMED;
+		__u8 type = l4[0];
+		if (type == 3 || type == 11 || type == 12) {
+			// An error: judge it as the quoted flow's packets.
+			__u8 *e = l4 + 8;
+			__u32 elen = l4len - 8;
+			if (elen < 20)
+				return P_MALFORMED;
+			if (e + 20 > (__u8 *)data_end)
+				return P_MALFORMED;
+			__u32 eihl = (e[0] & 0x0f) * 4;
+			if ((e[0] >> 4) != 4 || eihl < 20 || eihl > elen)
+				return P_MALFORMED;
+			__u32 evidx;
+			if (!vip_index(version, *(__u32 *)(e + 12), &evidx)) {
+				key4(f, AFF_SINGLE, src, 0); // not about a VIP flow: like any other ICMP
+				return P_JUDGE;
+			}
+			__u32 client = bpf_ntohl(*(__u32 *)(e + 16));
+			__u8 eproto = e[9];
+			if (eproto != IPPROTO_TCP && eproto != IPPROTO_UDP) {
+				key4(f, AFF_SINGLE, client, 0);
+				return P_JUDGE;
+			}
+			__u32 pidx = eproto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX;
+			if (bpf_ntohs(*(__u16 *)(e + 6)) & 0x1fff) {
+				f->slot = port_slot(version, evidx, pidx, 0);
+				key4(f, AFF_SINGLE, client, 0);
+				return P_JUDGE;
+			}
+			if (eihl + 4 > elen)
+				return P_MALFORMED;
+			__u8 *ep = e + eihl;
+			if (ep + 4 > (__u8 *)data_end)
+				return P_MALFORMED;
+			__u16 vport = bpf_ntohs(*(__u16 *)ep);
+			__u16 cport = bpf_ntohs(*(__u16 *)(ep + 2));
+			f->slot = port_slot(version, evidx, pidx, vport);
+			key4(f, rule_affinity(version, f->slot), client, cport);
+			if (eproto == IPPROTO_TCP) {
+				f->tcp = 1;
+				f->client_ip[0] = *(__u32 *)(e + 16);
+				f->vip_ip[0] = *(__u32 *)(e + 12);
+				f->client_port = *(__u16 *)(ep + 2);
+				f->vip_port = *(__u16 *)ep;
+			}
+			return P_JUDGE;
+		}
+	}
+	// ICMP that is not an error, and other protocols.
+	key4(f, AFF_SINGLE, src, 0);
+	return P_JUDGE;
+}
+
+// What walk_ipv6 found.
+struct walk {
+	__u32 off;  // where the transport header starts
+	__u8 nh;    // its protocol
+	__u8 frag;  // a fragment header made the packet a fragment
+	__u8 later; // a later fragment (offset not 0): the walk stopped there
+	__u8 fnext; // the fragment header's next header
+	__be32 fid; // its identification
+};
+
+// walk_ipv6 steps over the extension headers of the IPv6 packet at base
+// (40 bytes of it within the frame), len bytes long (the payload length's,
+// or an ICMPv6 error's quote's): at most MAX_EXT_HDRS of them, the
+// transport header within MAX_L4_OFF bytes. It returns -1 when a header
+// runs past len or a bound is broken (filter.walkIPv6).
+static __always_inline int walk_ipv6(__u8 *base, __u32 len, void *data_end, struct walk *w)
+{
+	__u8 nh = base[6];
+	__u32 off = 40;
+#pragma unroll
+	for (int i = 0; i <= MAX_EXT_HDRS; i++) {
+		if (nh != NH_HOPOPTS && nh != NH_ROUTING && nh != NH_DSTOPTS && nh != NH_FRAGMENT)
+			break;
+		if (i == MAX_EXT_HDRS || off + 8 > len || off > MAX_L4_OFF)
+			return -1;
+		__u8 *h = base + off;
+		if (h + 8 > (__u8 *)data_end)
+			return -1;
+		if (nh == NH_FRAGMENT) {
+			__u16 fo = bpf_ntohs(*(__u16 *)(h + 2));
+			nh = h[0];
+			off += 8;
+			if (fo & 0xfff9) { // an offset or more fragments: a fragment
+				w->frag = 1;
+				w->fnext = h[0];
+				w->fid = *(__u32 *)(h + 4);
+				if (fo & 0xfff8) {
+					w->later = 1;
+					break;
+				}
+			}
+		} else {
+			nh = h[0];
+			off += (h[1] + 1) * 8;
+		}
+		if (off > len || off > MAX_L4_OFF)
+			return -1;
+	}
+	w->nh = nh;
+	w->off = off;
+	return 0;
+}
+
+// embedded6 reads the flow of the packet an ICMPv6 error quotes: e, elen
+// bytes of the error's payload. The quoted packet went from a VIP to a
+// client; src is the error's sender.
+static __always_inline int embedded6(__u8 *e, __u32 elen, __u8 *src, void *data_end, __u32 version, struct flow *f)
+{
+	if (elen < 40)
+		return P_MALFORMED;
+	if (e + 40 > (__u8 *)data_end)
+		return P_MALFORMED;
+	if ((e[0] >> 4) != 6)
+		return P_MALFORMED;
+	__u32 evidx;
+	if (!vip6_index(version, e + 8, &evidx)) {
+		key6(f, AFF_SINGLE, src, 0); // not about a VIP flow: like any other ICMPv6
+		return P_JUDGE;
+	}
+	struct walk w = {};
+	if (walk_ipv6(e, elen, data_end, &w) < 0)
+		return P_MALFORMED;
+	if (w.nh != IPPROTO_TCP && w.nh != IPPROTO_UDP) {
+		key6(f, AFF_SINGLE, e + 24, 0);
+		return P_JUDGE;
+	}
+	__u32 pidx = w.nh == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX;
+	if (w.later) {
+		f->slot = port_slot(version, evidx, pidx, 0);
+		key6(f, AFF_SINGLE, e + 24, 0);
+		return P_JUDGE;
+	}
+	__u32 off = w.off;
+	if (off > MAX_L4_OFF || off + 4 > elen)
+		return P_MALFORMED;
+	__u8 *ep = e + off;
+	if (ep + 4 > (__u8 *)data_end)
+		return P_MALFORMED;
+	__u16 vport = bpf_ntohs(*(__u16 *)ep);
+	__u16 cport = bpf_ntohs(*(__u16 *)(ep + 2));
+	f->slot = port_slot(version, evidx, pidx, vport);
+	key6(f, rule_affinity(version, f->slot), e + 24, cport);
+	if (w.nh == IPPROTO_TCP) {
+		f->tcp = 1;
+		copy16(f->client_ip, e + 24);
+		copy16(f->vip_ip, e + 8);
+		f->client_port = *(__u16 *)(ep + 2);
+		f->vip_port = *(__u16 *)ep;
+	}
+	return P_JUDGE;
+}
+
+// parse6 reads the flow of the IPv6 packet ip (40 bytes of it are within
+// the frame). Non-VIP IPv6 passes: heartbeats are IPv4.
+static __always_inline int parse6(__u8 *ip, void *data_end, __u32 version, struct flow *f, __u8 **th)
+{
+	__u32 vidx;
+	if (!vip6_index(version, ip + 24, &vidx))
+		return P_PASS;
+
+	__u32 avail = (__u32)((long)data_end - (long)ip);
+	__u32 plen = bpf_ntohs(*(__u16 *)(ip + 4));
+	if ((ip[0] >> 4) != 6 || plen == 0 || plen + 40 > avail)
+		return P_MALFORMED;
+	__u32 total = plen + 40;
+	struct walk w = {};
+	if (walk_ipv6(ip, total, data_end, &w) < 0)
+		return P_MALFORMED;
+	f->v6 = 1;
+	if (w.frag) {
+		copy16(f->fk.src, ip + 8);
+		copy16(f->fk.dst, ip + 24);
+		f->fk.id = w.fid;
+		f->fk.proto = w.fnext;
+		f->fk.family = 6;
+		f->first_frag = !w.later;
+	}
+	if (w.later) {
+		f->later_frag = 1;
+		if (w.fnext == IPPROTO_TCP)
+			f->slot = port_slot(version, vidx, PROTO_TCP_IDX, 0);
+		else if (w.fnext == IPPROTO_UDP)
+			f->slot = port_slot(version, vidx, PROTO_UDP_IDX, 0);
+		key6(f, AFF_SINGLE, ip + 8, 0);
+		return P_JUDGE;
+	}
+
+	__u32 off = w.off;
+	if (off > MAX_L4_OFF || off > total)
+		return P_MALFORMED; // cannot happen after the walk; tells the verifier
+	__u32 l4len = total - off;
+	__u8 *l4 = ip + off;
+	__u8 nh = w.nh;
+	if (nh == IPPROTO_TCP || nh == IPPROTO_UDP) {
+		if (nh == IPPROTO_TCP) {
+			if (l4len < 20)
+				return P_MALFORMED;
+			if (l4 + 20 > (__u8 *)data_end)
+				return P_MALFORMED;
+			__u32 doff = (l4[12] >> 4) * 4;
+			if (doff < 20 || doff > l4len)
+				return P_MALFORMED;
+		} else {
+			if (l4len < 8)
+				return P_MALFORMED;
+			if (l4 + 8 > (__u8 *)data_end)
+				return P_MALFORMED;
+		}
+		__u16 sport = bpf_ntohs(*(__u16 *)l4);
+		__u16 dport = bpf_ntohs(*(__u16 *)(l4 + 2));
+		f->slot = port_slot(version, vidx, nh == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, dport);
+		key6(f, rule_affinity(version, f->slot), ip + 8, sport);
+		if (nh == IPPROTO_TCP) {
+			if (l4 + 20 > (__u8 *)data_end)
+				return P_MALFORMED; // checked above; clang may merge the checks
+			f->tcp = 1;
+			f->syn = (l4[13] & 0x12) == 0x02;
+			f->cookie = (l4[13] & 0x16) == 0x10;
+			*th = l4;
+			copy16(f->client_ip, ip + 8);
+			copy16(f->vip_ip, ip + 24);
+			f->client_port = *(__u16 *)l4;
+			f->vip_port = *(__u16 *)(l4 + 2);
+		}
+		return P_JUDGE;
+	}
+	if (nh == NH_ICMPV6) {
+		if (l4len < 8)
+			return P_MALFORMED;
+		if (l4 + 8 > (__u8 *)data_end)
+			return P_MALFORMED;
+		__u8 type = l4[0];
+		if (type >= 133 && type <= 137)
+			return P_PASS; // Neighbor Discovery: the agent's and the kernel's
+		if (type >= 1 && type <= 4)
+			return embedded6(l4 + 8, l4len - 8, ip + 8, data_end, version, f);
+	}
+	// ICMPv6 that is not an error (echo requests...), and other protocols.
+	key6(f, AFF_SINGLE, ip + 8, 0);
+	return P_JUDGE;
+}
+
 SEC("xdp")
 int shoal_xdp(struct xdp_md *ctx)
 {
@@ -406,9 +842,10 @@ int shoal_xdp(struct xdp_md *ctx)
 		et = *(__u16 *)(ip + 2);
 		ip += 4;
 	}
-	if (et != bpf_htons(ETH_P_IP_))
+	int v6 = et == bpf_htons(ETH_P_IPV6_);
+	if (et != bpf_htons(ETH_P_IP_) && !v6)
 		return XDP_PASS;
-	if (ip + 20 > (__u8 *)data_end)
+	if (ip + (v6 ? 40 : 20) > (__u8 *)data_end)
 		return XDP_PASS;
 
 	__u32 zero = 0;
@@ -417,38 +854,30 @@ int shoal_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	__u32 version = *ver & 1;
 
-	__u32 vidx;
-	if (!vip_index(version, *(__u32 *)(ip + 16), &vidx))
-		return heartbeat_ok(ip, data_end) ? XDP_PASS : XDP_DROP;
-
-	// From here on the packet is VIP traffic: counted, accepted or dropped.
-	__u32 avail = (__u32)((long)data_end - (long)ip);
-	__u32 ihl = (ip[0] & 0x0f) * 4;
-	__u32 total = bpf_ntohs(*(__u16 *)(ip + 2));
-	if ((ip[0] >> 4) != 4 || ihl < 20 || total < ihl || total > avail)
-		return drop(0, R_MALFORMED);
-
 	struct flow f = {};
-	__u32 src = bpf_ntohl(*(__u32 *)(ip + 12));
-	__u8 proto = ip[9];
-	__u32 l4len = total - ihl;
-	__u8 *l4 = ip + ihl;
-	struct rule_info *ri;
-	__u32 rkey;
 	__u8 *th = 0; // the TCP header, for the SYN-cookie check
-	__u16 fragoff = bpf_ntohs(*(__u16 *)(ip + 6));
-	int first_frag = (fragoff & (IP_MF | IP_OFFSET)) == IP_MF;
-	struct frag_key fk = {};
-	if (fragoff & (IP_MF | IP_OFFSET)) {
-		fk.src = *(__u32 *)(ip + 12);
-		fk.dst = *(__u32 *)(ip + 16);
-		fk.id = *(__u16 *)(ip + 4);
-		fk.proto = proto;
+	int p;
+	if (v6) {
+		if (ip + 40 > (__u8 *)data_end)
+			return XDP_PASS;
+		p = parse6(ip, data_end, version, &f, &th);
+	} else {
+		if (ip + 20 > (__u8 *)data_end)
+			return XDP_PASS;
+		p = parse4(ip, data_end, version, &f, &th);
+	}
+	switch (p) {
+	case P_PASS:
+		return XDP_PASS;
+	case P_HB_DROP:
+		return XDP_DROP;
+	case P_MALFORMED:
+		return drop(0, R_MALFORMED);
 	}
 
-	if (fragoff & IP_OFFSET) {
-		// A later fragment follows its datagram's first fragment.
-		struct frag_verdict *fv = bpf_map_lookup_elem(&frags, &fk);
+	// From here on the packet is VIP traffic: counted, accepted or dropped.
+	if (f.later_frag) {
+		struct frag_verdict *fv = bpf_map_lookup_elem(&frags, &f.fk);
 		if (fv) {
 			__u32 fslot = fv->slot;
 			if (!fv->accept)
@@ -460,120 +889,22 @@ int shoal_xdp(struct xdp_md *ctx)
 			count(fslot, C_ACCEPTED);
 			return XDP_PASS;
 		}
-		// Its first fragment was not seen (or forgotten): rule for
-		// port 0, key (client IP, 0), as every node judges it alike.
-		if (proto == IPPROTO_TCP)
-			f.slot = port_slot(version, vidx, PROTO_TCP_IDX, 0);
-		else if (proto == IPPROTO_UDP)
-			f.slot = port_slot(version, vidx, PROTO_UDP_IDX, 0);
-		f.a = src;
-		goto judge;
 	}
 
-	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
-		if (proto == IPPROTO_TCP) {
-			if (l4len < 20)
-				return drop(0, R_MALFORMED);
-			if (l4 + 20 > (__u8 *)data_end)
-				return drop(0, R_MALFORMED);
-			__u32 doff = (l4[12] >> 4) * 4;
-			if (doff < 20 || doff > l4len)
-				return drop(0, R_MALFORMED);
-		} else {
-			if (l4len < 8)
-				return drop(0, R_MALFORMED);
-			if (l4 + 8 > (__u8 *)data_end)
-				return drop(0, R_MALFORMED);
-		}
-		__u16 sport = bpf_ntohs(*(__u16 *)l4);
-		__u16 dport = bpf_ntohs(*(__u16 *)(l4 + 2));
-		f.slot = port_slot(version, vidx, proto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, dport);
-		rkey = version * MAX_SLOTS + f.slot;
-		ri = bpf_map_lookup_elem(&rules, &rkey);
-		flow_key(&f, ri ? ri->affinity : AFF_SINGLE, src, sport);
-		if (proto == IPPROTO_TCP) {
-			f.tcp = 1;
-			f.syn = (l4[13] & 0x12) == 0x02;
-			f.cookie = (l4[13] & 0x16) == 0x10; // ACK without SYN or RST
-			th = l4;
-			f.client_ip = *(__u32 *)(ip + 12);
-			f.vip_ip = *(__u32 *)(ip + 16);
-			f.client_port = *(__u16 *)l4;
-			f.vip_port = *(__u16 *)(l4 + 2);
-		}
-		goto judge;
-	}
-
-	if (proto == IPPROTO_ICMP) {
-		if (l4len < 8)
-			return drop(0, R_MALFORMED);
-		if (l4 + 8 > (__u8 *)data_end)
-			return drop(0, R_MALFORMED);
-		__u8 type = l4[0];
-		if (type == 3 || type == 11 || type == 12) {
-			// An error: judge it as the quoted flow's packets.
-			__u8 *e = l4 + 8;
-			__u32 elen = l4len - 8;
-			if (elen < 20)
-				return drop(0, R_MALFORMED);
-			if (e + 20 > (__u8 *)data_end)
-				return drop(0, R_MALFORMED);
-			__u32 eihl = (e[0] & 0x0f) * 4;
-			if ((e[0] >> 4) != 4 || eihl < 20 || eihl > elen)
-				return drop(0, R_MALFORMED);
-			__u32 evidx;
-			if (!vip_index(version, *(__u32 *)(e + 12), &evidx)) {
-				f.a = src; // not about a VIP flow: like any other ICMP
-				goto judge;
-			}
-			__u32 client = bpf_ntohl(*(__u32 *)(e + 16));
-			__u8 eproto = e[9];
-			if (eproto != IPPROTO_TCP && eproto != IPPROTO_UDP) {
-				f.a = client;
-				goto judge;
-			}
-			__u32 pidx = eproto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX;
-			if (bpf_ntohs(*(__u16 *)(e + 6)) & 0x1fff) {
-				f.slot = port_slot(version, evidx, pidx, 0);
-				f.a = client;
-				goto judge;
-			}
-			if (eihl + 4 > elen)
-				return drop(0, R_MALFORMED);
-			__u8 *ep = e + eihl;
-			if (ep + 4 > (__u8 *)data_end)
-				return drop(0, R_MALFORMED);
-			__u16 vport = bpf_ntohs(*(__u16 *)ep);
-			__u16 cport = bpf_ntohs(*(__u16 *)(ep + 2));
-			f.slot = port_slot(version, evidx, pidx, vport);
-			rkey = version * MAX_SLOTS + f.slot;
-			ri = bpf_map_lookup_elem(&rules, &rkey);
-			flow_key(&f, ri ? ri->affinity : AFF_SINGLE, client, cport);
-			if (eproto == IPPROTO_TCP) {
-				f.tcp = 1;
-				f.client_ip = *(__u32 *)(e + 16);
-				f.vip_ip = *(__u32 *)(e + 12);
-				f.client_port = *(__u16 *)(ep + 2);
-				f.vip_port = *(__u16 *)ep;
-			}
-			goto judge;
-		}
-	}
-	// ICMP that is not an error, and other protocols.
-	f.a = src;
-
-judge:;
 	__u32 slot = f.slot;
 	if (slot >= MAX_SLOTS)
 		slot = 0;
 	struct settings *s = bpf_map_lookup_elem(&settings, &version);
 	if (!s)
 		return XDP_PASS;
-	__u32 bucket = shoal_hash(s->seed, f.a, f.b) & (NUM_BUCKETS - 1);
+	__u32 nkey = f.nkey;
+	if (nkey > MAX_KEY)
+		nkey = MAX_KEY;
+	__u32 bucket = shoal_hash(s->seed, f.key, nkey) & (NUM_BUCKETS - 1);
 
 	__u32 reason = 0;
-	rkey = version * MAX_SLOTS + slot;
-	ri = bpf_map_lookup_elem(&rules, &rkey);
+	__u32 rkey = version * MAX_SLOTS + slot;
+	struct rule_info *ri = bpf_map_lookup_elem(&rules, &rkey);
 	if (ri && ri->disabled) {
 		reason = R_DISABLED;
 		goto verdict;
@@ -587,13 +918,13 @@ judge:;
 	case ST_OWNED:
 		break;
 	case ST_OWNED_DIRTY:
-		if (f.tcp && !f.syn && !holds_conn(ctx, &f, ip, th))
+		if (f.tcp && !f.syn && !holds_conn(ctx, &f, ip, th, data_end))
 			reason = R_DIRTY_NO_CONN;
 		break;
 	case ST_DRAINING:
 		// A SYN opens a new connection, never this node's here, even if it
 		// finds the TIME_WAIT socket of an old one on the same ports.
-		if (!f.tcp || f.syn || !holds_conn(ctx, &f, ip, th))
+		if (!f.tcp || f.syn || !holds_conn(ctx, &f, ip, th, data_end))
 			reason = R_DRAIN_NO_CONN;
 		break;
 	default:
@@ -601,9 +932,9 @@ judge:;
 	}
 
 verdict:
-	if (first_frag) {
+	if (f.first_frag) {
 		struct frag_verdict fv = {.slot = slot, .accept = !reason, .reason = reason};
-		bpf_map_update_elem(&frags, &fk, &fv, BPF_ANY);
+		bpf_map_update_elem(&frags, &f.fk, &fv, BPF_ANY);
 	}
 	if (reason)
 		return drop(slot, reason);
@@ -614,7 +945,8 @@ verdict:
 }
 
 // shoal_hash_probe exposes shoal_hash to the tests: the packet holds seed,
-// a and b (host-endian words) and the program writes the hash after them.
+// the number of key words (2 or 5) and five key words (host-endian), and
+// the program writes the hash after them.
 // It is loaded with the data plane but never attached.
 SEC("xdp")
 int shoal_hash_probe(struct xdp_md *ctx)
@@ -623,9 +955,13 @@ int shoal_hash_probe(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	__u32 *w = data;
 
-	if ((void *)(w + 4) > data_end)
+	if ((void *)(w + 8) > data_end)
 		return XDP_ABORTED;
-	w[3] = shoal_hash(w[0], w[1], w[2]);
+	__u32 n = w[1];
+	if (n > MAX_KEY)
+		return XDP_ABORTED;
+	__u32 k[MAX_KEY] = {w[2], w[3], w[4], w[5], w[6]};
+	w[7] = shoal_hash(w[0], k, n);
 	return XDP_PASS;
 }
 
