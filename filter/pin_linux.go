@@ -48,6 +48,7 @@ type Pinned struct {
 	Version uint32            `json:"version"`
 	Slots   map[RuleID]uint32 `json:"slots"`
 	VIPDir  [2][]uint32       `json:"vip_dir"`
+	VIP6Dir [2][]uint32       `json:"vip6_dir"` // the IPv6 VIP directory's entries in use
 }
 
 // programStamp names the embedded program: pinned tables are adopted only
@@ -148,7 +149,7 @@ func adoptTables(dir string, st Pinned) (*XDP, error) {
 		}
 		repl[name] = m
 	}
-	x := &XDP{slots: st.Slots, vipDir: st.VIPDir, hbPeers: map[shoalHbPeer]bool{}}
+	x := &XDP{slots: st.Slots, vipDir: st.VIPDir, vip6Dir: st.VIP6Dir, hbPeers: map[shoalHbPeer]bool{}}
 	x.putVIPs = func(k uint32, vb *shoalVipBucket) error { return x.objs.Vips.Update(k, vb, ebpf.UpdateAny) }
 	err := loadShoalObjects(&x.objs, &ebpf.CollectionOptions{MapReplacements: repl})
 	closeAll() // the objects hold their own references
@@ -249,7 +250,8 @@ func (x *XDP) Pin(dir string) (_ *Pinned, err error) {
 	}
 	x.pinned = true
 	return &Pinned{Program: programStamp(), Mode: x.mode, Version: x.version, Slots: maps.Clone(x.slots),
-		VIPDir: [2][]uint32{slices.Clone(x.vipDir[0]), slices.Clone(x.vipDir[1])}}, nil
+		VIPDir:  [2][]uint32{slices.Clone(x.vipDir[0]), slices.Clone(x.vipDir[1])},
+		VIP6Dir: [2][]uint32{slices.Clone(x.vip6Dir[0]), slices.Clone(x.vip6Dir[1])}}, nil
 }
 
 // unpin removes every pin of x's objects (Unpin of an unpinned object does

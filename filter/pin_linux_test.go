@@ -145,3 +145,56 @@ func attachedProg(t *testing.T, ifname string) uint32 {
 	}
 	return 0
 }
+
+// TestPinAdoptIPv6VIPs: the record carries the IPv6 VIP directory, so an
+// adopter that removes an IPv6 VIP clears it from both versions of the
+// tables: traffic to it passes again.
+func TestPinAdoptIPv6VIPs(t *testing.T) {
+	ns := newNetns(t)
+	enterNetns(t, ns)
+	ifname := uniqueName("pa")
+	run(t, "ip", "-n", ns, "link", "add", ifname, "type", "veth", "peer", "name", ifname+"p")
+	run(t, "ip", "-n", ns, "link", "set", ifname, "up")
+	x := loadXDP(t)
+	mac := []byte{0x02, 0, 0, 0, 0xaa, 2}
+	vip4, vip6 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("2001:db8::1")
+	with := &Tables{Config: &Config{Seed: 7, VIPs: []netip.Addr{vip4, vip6}}}
+	without := &Tables{Config: &Config{Seed: 7, VIPs: []netip.Addr{vip4}}}
+	for range 2 { // both versions hold the IPv6 VIP
+		if err := x.Update(with, mac); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := x.Attach(ifname); err != nil {
+		t.Fatal(err)
+	}
+	frame := pkt6{src: netip.MustParseAddr("2001:db8:5::5"), dst: vip6, sport: 1, dport: 80, proto: layers.IPProtocolTCP}.build()
+	if act, _, _ := x.Run(frame); act != xdpDrop {
+		t.Fatalf("to the IPv6 VIP, no bucket owned: action %d, want drop", act)
+	}
+	dir := filepath.Join("/sys/fs/bpf", uniqueName("shoaltest"), "node")
+	t.Cleanup(func() { removePins(dir); os.Remove(filepath.Dir(dir)) })
+	rec, err := x.Pin(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Release(); err != nil {
+		t.Fatal(err)
+	}
+	y, ad, err := LoadPinnedXDP(dir, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { y.Close() })
+	if !ad.Tables {
+		t.Fatalf("adoption %+v; want the tables", ad)
+	}
+	for i := range 2 {
+		if err := y.Update(without, mac); err != nil {
+			t.Fatal(err)
+		}
+		if act, _, _ := y.Run(frame); act != xdpPass {
+			t.Errorf("update %d without the IPv6 VIP: action %d, want pass", i+1, act)
+		}
+	}
+}
