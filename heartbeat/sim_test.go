@@ -441,11 +441,13 @@ func (s *sim) position(i int) seen {
 	return seen{}
 }
 
-// cutOff reports whether i and j share no traffic: a full partition between
-// them, or one that ended before they heard each other again (the heal is
-// when both sides may still own the same buckets, by design).
+// cutOff reports whether i and j share no channel at all: a cable cut
+// between them (heartbeats and probes), or one that ended before they heard
+// each other again (the heal is when both sides may still own the same
+// buckets, by design). Heartbeats lost both ways while probes pass do not
+// cut a pair off: their data paths work, and two owners there are a bug.
 func (s *sim) cutOff(i, j int) bool {
-	return (s.links[i][j].cut && s.links[j][i].cut) || s.healWait[i][j] || s.healWait[j][i]
+	return s.probeCuts[i][j] > 0 || s.healWait[i][j] || s.healWait[j][i]
 }
 
 func (s *sim) checkPair(i, j int) {
@@ -462,9 +464,9 @@ func (s *sim) checkPair(i, j int) {
 }
 
 // cutLink adds (+1) or removes (-1) one fault cutting the link from i to j.
-// When the link comes back while the other direction is up too (a full cut
-// ending), j may still accept i's buckets until it hears i: the pair counts
-// as cut off until then.
+// When a cable cut ends (the link comes back while the other direction is
+// up too and the probes' path was cut), j may still accept i's buckets
+// until it hears i: the pair counts as cut off until then.
 func (s *sim) cutLink(i, j, delta int) {
 	if i == j {
 		return
@@ -473,8 +475,8 @@ func (s *sim) cutLink(i, j, delta int) {
 	wasFull := l.cut && s.links[j][i].cut
 	l.cuts += delta
 	l.cut = l.cuts > 0
-	if wasFull && !l.cut {
-		// Both ways: neither side has heard the other hear it yet.
+	if wasFull && !l.cut && s.probeCuts[i][j] > 0 {
+		// A cable cut ends: neither side has heard the other hear it yet.
 		s.healWait[i][j], s.healWait[j][i] = true, true
 		s.healAt[i][j], s.healAt[j][i] = s.position(i), s.position(j)
 	}
