@@ -86,6 +86,10 @@ type Status[S any] struct {
 	// connection to the peer API) and report with Machine.Probe.
 	Suspects []uint32
 	Deaths   uint64 // times a live peer was declared dead, since start
+	// Period and Tolerance are the heartbeat timing in use (SetTiming
+	// changes it at a safe point).
+	Period    time.Duration
+	Tolerance int
 }
 
 type peer struct {
@@ -169,6 +173,12 @@ type Machine[S any] struct {
 	nextSend time.Time
 
 	reach reachCache
+
+	// timing: a new period and tolerance waiting for their safe point
+	// (SetTiming); hasTiming says there is one.
+	timing    pendingTiming
+	hasTiming bool
+	change    timingChange // the last switch
 
 	now     time.Time // the latest time given
 	version uint64
@@ -357,7 +367,7 @@ func (m *Machine[S]) Probe(now time.Time, id uint32, alive bool) {
 // suspicion) are checked. Call it at Wake() at the latest.
 func (m *Machine[S]) Tick(now time.Time) {
 	for _, p := range m.peers {
-		if p.live && now.Sub(p.lastHeard) > m.period(m.cfg.Tolerance) {
+		if p.live && now.Sub(p.lastHeard) > m.deathWindow(now) {
 			p.live, p.acked, p.agrees, p.behind, p.claimSince = false, false, false, time.Time{}, time.Time{}
 			if !m.kept(p, now) {
 				m.deaths++
@@ -481,8 +491,8 @@ func (m *Machine[S]) Outgoing(now time.Time) *Message {
 		m.restartSeq = m.seq
 	}
 	m.sentInView++
-	m.tat = later(m.tat, now).Add(m.cfg.Period / time.Duration(sendBurst+len(m.ids)))
-	m.lastSent, m.nextSend = now, now.Add(m.cfg.Period)
+	m.tat = later(m.tat, now).Add(m.sendPeriod(now) / time.Duration(sendBurst+len(m.ids)))
+	m.lastSent, m.nextSend = now, now.Add(m.sendPeriod(now))
 	m.recompute(now)
 	return msg
 }
@@ -517,7 +527,7 @@ func (m *Machine[S]) Wake() time.Time {
 	}
 	for _, p := range m.peers {
 		if p.live {
-			earliest(p.lastHeard.Add(m.period(m.cfg.Tolerance) + 1))
+			earliest(p.lastHeard.Add(m.deathWindow(m.now) + 1))
 			if !p.behind.IsZero() {
 				earliest(p.behind.Add(m.period(m.cfg.LagGrace) + 1))
 			}
@@ -536,6 +546,9 @@ func (m *Machine[S]) Wake() time.Time {
 	}
 	if !m.selfBehind.IsZero() {
 		earliest(m.selfBehind.Add(m.period(m.cfg.LagGrace) + 1))
+	}
+	if m.hasTiming {
+		earliest(m.timing.since.Add(m.period(m.cfg.Tolerance)))
 	}
 	if !m.settled {
 		earliest(m.listenFrom.Add(m.period(m.cfg.Tolerance)))
@@ -704,6 +717,7 @@ func (m *Machine[S]) recompute(now time.Time) {
 		m.accept, m.acceptEmpty, m.acquired = m.cur, false, true
 		m.version++
 	}
+	m.switchTiming(now)
 }
 
 // heardBy reports whether p's view is held against this node: p hears it
@@ -911,6 +925,7 @@ func (m *Machine[S]) Status() Status[S] {
 		Settled: m.settled && !m.deaf, Deaf: m.deaf, Lagging: m.lagging(m.selfBehind, m.now), NewestRules: m.newest,
 		Released: m.released, Accept: m.accept, Deaths: m.deaths, Suspects: m.Suspects(),
 		Inheriting: m.inheriting, RestartAcked: m.RestartAcked(),
+		Period: m.cfg.Period, Tolerance: m.cfg.Tolerance,
 	}
 	var draining []Buckets
 	for _, id := range m.ids {
