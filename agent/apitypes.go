@@ -35,6 +35,12 @@ type Status struct {
 	DataplaneError   string `json:"dataplane_error,omitempty"`
 	UpdateFailures   uint64 `json:"update_failures"`
 	Leaving          bool   `json:"leaving,omitempty"` // a graceful stop is handing off
+	// HeartbeatPeriod and HeartbeatTolerance are the heartbeat timing this
+	// node uses now: changed settings take effect once the cluster has
+	// converged on the rules that carry them.
+	HeartbeatPeriod    string `json:"heartbeat_period"`
+	HeartbeatTolerance int    `json:"heartbeat_tolerance"`
+	PeerDeaths         uint64 `json:"peer_deaths"` // peers declared dead since membership (re)started
 }
 
 // ViewInfo is the membership view a node acts on.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -60,6 +61,7 @@ type membership struct {
 	snap      atomic.Pointer[memberSnap]
 	toDP      *mailbox[*memberSnap] // to the data plane
 	probes    *prober               // probes suspects; nil: none (tests)
+	timing    heartbeat.Config      // the machine's timing last seen (logged when it changes)
 }
 
 // hbLink is what membership needs of the heartbeat transport.
@@ -137,6 +139,7 @@ func (m *membership) newMachine(now time.Time) error {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	m.machine = mc
+	m.timing = mc.Config()
 	m.applyRules(now, st)
 	return nil
 }
@@ -177,6 +180,12 @@ func (m *membership) applyRules(now time.Time, st *rules.State) {
 		}
 	}
 	m.machine.SetPeers(now, peers)
+	// New heartbeat settings take effect at the machine's safe point, when
+	// the cluster has converged on rules that carry them (SetTiming).
+	s := st.Settings
+	if err := m.machine.SetTiming(now, cmp.Or(s.HeartbeatPeriod, heartbeat.DefaultPeriod), cmp.Or(s.HeartbeatTolerance, heartbeat.DefaultTolerance), st.Index); err != nil {
+		m.log.Error("heartbeat settings not applied; keeping the timing in use", "err", err, "period", m.timing.Period, "tolerance", m.timing.Tolerance)
+	}
 	// Keep only the rules a view can still refer to.
 	for idx := range m.cfgs {
 		if idx != st.Index && idx != m.machine.View().RulesIndex {
@@ -280,6 +289,11 @@ func (m *membership) pushed() bool {
 func (m *membership) step(now time.Time) time.Time {
 	m.setLocal(now)
 	m.machine.Tick(now)
+	if c := m.machine.Config(); c.Period != m.timing.Period || c.Tolerance != m.timing.Tolerance {
+		m.log.Info("heartbeat timing changed", "period", c.Period, "tolerance", c.Tolerance,
+			"was_period", m.timing.Period, "was_tolerance", m.timing.Tolerance)
+		m.timing = c
+	}
 	m.publish()
 	period := m.machine.Config().Period
 	due := m.machine.NextSend()
@@ -323,18 +337,11 @@ func (m *membership) send(now time.Time, pushed bool) {
 	// Every heartbeat renews the data plane's lease: if this goroutine
 	// stalls, the node stops taking new connections (after T-1 periods)
 	// before its peers declare it dead (T periods) and take over.
-	err := m.renew(m.leaseLength())
+	err := m.renew(m.machine.LeaseLength(now))
 	if err != nil && !m.leaseErr {
 		m.log.Error("renew xdp lease; owned buckets will drain when it ends", "err", err)
 	}
 	m.leaseErr = err != nil
-}
-
-// leaseLength is how long the data plane keeps accepting new connections
-// without a renewal: T-1 heartbeat periods.
-func (m *membership) leaseLength() time.Duration {
-	c := m.machine.Config()
-	return time.Duration(max(c.Tolerance-1, 1)) * c.Period
 }
 
 // readvertise returns fresh with every field that peers act on when they

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -164,5 +165,91 @@ func TestOwnedUsesTheViewsRules(t *testing.T) {
 	v2 := heartbeat.View{Eligible: []uint32{1, 2}, RulesIndex: r2.Index, Seed: 1}
 	if got, want := m.owned(v2).get().Buckets, under(r2); !got.Equal(want) {
 		t.Errorf("owned(view of rules %d) = %d buckets, want %d", r2.Index, got.Count(), want.Count())
+	}
+}
+
+// TestHeartbeatSettingsAtRuntime: new heartbeat settings reach two members
+// 30 ms apart (replication lag); both switch once they have converged on
+// the rules that carry them: from then on each sends a heartbeat every new
+// period and leases its data plane for the new T-1 periods (after the
+// change's transition), with no peer declared dead and the view unchanged.
+func TestHeartbeatSettingsAtRuntime(t *testing.T) {
+	const dt = 5 * time.Millisecond
+	r1 := twoNodeRules(5, 50, 50) // 100 ms x 12
+	r2 := twoNodeRules(6, 50, 50)
+	r2.Settings.HeartbeatPeriod, r2.Settings.HeartbeatTolerance = 40*time.Millisecond, 8
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	var inbox [2][]*heartbeat.Message
+	var ms [2]*membership
+	var links [2]*pipeLink
+	var leases [2][]time.Duration
+	for i := range ms {
+		links[i] = &pipeLink{inbox: &inbox[1-i], now: clock}
+		m := newMembership(filter.NodeID(i+1), testIncarnation, log, links[i], staticRules{r1}, func() bool { return true })
+		m.now = clock
+		m.renew = func(d time.Duration) error { leases[i] = append(leases[i], d); return nil }
+		if err := m.start(now); err != nil {
+			t.Fatal(err)
+		}
+		ms[i] = m
+	}
+	run := func(d time.Duration, each func()) {
+		for end := now.Add(d); now.Before(end); {
+			now = now.Add(dt)
+			for i, m := range ms {
+				msgs := inbox[i]
+				inbox[i] = nil
+				for _, msg := range msgs {
+					m.receive(msg, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 7001+(1-i))))
+				}
+				m.step(now)
+				m.takeReport(pushReport{snap: m.snap.Load(), ok: true, healthy: true})
+			}
+			if each != nil {
+				each()
+			}
+		}
+	}
+	run(2*time.Second, nil)
+	both := []uint32{1, 2}
+	for i, m := range ms {
+		if st := m.snap.Load().hb; !st.Converged || !slices.Equal(st.View.Eligible, both) || st.Period != 100*time.Millisecond {
+			t.Fatalf("node %d before the change: converged %v view %v period %v", i+1, st.Converged, st.View.Eligible, st.Period)
+		}
+	}
+	ms[0].applyRules(now, r2)
+	changed := now
+	run(30*time.Millisecond, nil)
+	ms[1].applyRules(now, r2)
+	sentBefore := [2]int{len(links[0].sent), len(links[1].sent)}
+	run(3*time.Second, func() {
+		for i, m := range ms {
+			st := m.snap.Load().hb
+			if !slices.Equal(st.View.Eligible, both) {
+				t.Fatalf("node %d: view %v %v after the change, want both nodes", i+1, st.View.Eligible, now.Sub(changed))
+			}
+		}
+	})
+	for i, m := range ms {
+		st := m.snap.Load().hb
+		if st.Period != 40*time.Millisecond || st.Tolerance != 8 || st.Deaths != 0 || !st.Converged {
+			t.Errorf("node %d after the change: timing %v x %d, %d deaths, converged %v; want 40ms x 8, none, converged", i+1, st.Period, st.Tolerance, st.Deaths, st.Converged)
+		}
+		// The last second's heartbeats, one every 40 ms.
+		sent := links[i].sent[sentBefore[i]:]
+		var gaps []time.Duration
+		for k := 1; k < len(sent); k++ {
+			if now.Sub(sent[k]) < time.Second {
+				gaps = append(gaps, sent[k].Sub(sent[k-1]))
+			}
+		}
+		if len(gaps) < 20 || slices.Min(gaps) < 40*time.Millisecond || slices.Max(gaps) > 45*time.Millisecond {
+			t.Errorf("node %d: %d heartbeats in the last second, gaps %v to %v; want one every 40 ms", i+1, len(gaps), slices.Min(gaps), slices.Max(gaps))
+		}
+		if l := leases[i][len(leases[i])-1]; l != 7*40*time.Millisecond {
+			t.Errorf("node %d: lease %v, want 7 x 40 ms", i+1, l)
+		}
 	}
 }

@@ -21,7 +21,8 @@ func (n *node) status() Status {
 		Accepting: map[filter.RuleID]int{}, Draining: map[filter.RuleID]int{}, Dirty: map[filter.RuleID]int{},
 		Live:             sortedLive(n.self, st),
 		DataplaneHealthy: ds.healthy, DataplaneError: ds.lastErr, UpdateFailures: n.rec.failures.Load(),
-		Leaving: ms.leaving,
+		Leaving:         ms.leaving,
+		HeartbeatPeriod: st.Period.String(), HeartbeatTolerance: st.Tolerance, PeerDeaths: st.Deaths,
 	}
 	if ds.healthy {
 		s.DataplaneError = ""
