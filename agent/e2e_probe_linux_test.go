@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -10,6 +11,47 @@ import (
 
 	"github.com/shoalnet/shoal/deploy/lab"
 )
+
+// dropHeartbeats makes host's namespace drop the heartbeats it receives
+// from the node at from (from everyone when from is the zero Addr), with
+// an nftables table of its own; heal removes it (also at cleanup). It runs
+// in the input hook, after XDP, so it is what a host firewall does.
+func dropHeartbeats(t *testing.T, l *lab.Lab, host string, from netip.Addr) (heal func()) {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nftables' nft (apt-get install nftables; .ci/run installs it)")
+	}
+	ns := node(t, l, host).Namespace
+	nft := func(script string) error {
+		cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(script)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("nft in %s: %v: %s", host, err, out)
+		}
+		return nil
+	}
+	match := ""
+	if from.IsValid() {
+		match = "ip saddr " + from.String() + " "
+	}
+	const table = "shoal_test_hbdrop"
+	if err := nft(fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority 0; policy accept;\n  %sudp dport %d drop\n }\n}\n", table, match, lab.HeartbeatPort)); err != nil {
+		t.Fatal(err)
+	}
+	healed := false
+	heal = func() {
+		t.Helper()
+		if healed {
+			return
+		}
+		healed = true
+		if err := nft("delete table inet " + table); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(heal)
+	return heal
+}
 
 // TestE2EPlugTwoNodes: in a 2-node cluster, the survivor of a pulled plug
 // takes every bucket. The plugged node's peer API stays reachable, so this
@@ -28,29 +70,13 @@ func TestE2EPlugTwoNodes(t *testing.T) {
 // TestE2EDeafNode: node3 stops hearing heartbeats (a firewall in its
 // namespace drops every heartbeat it receives; it still sends, and its peer
 // API answers). Its probes find its peers alive, so it knows it is deaf and
-// takes nothing; node1 and node2 cover every bucket. Without probes node3
-// would find itself alone and take every bucket, and the others would yield
-// to it.
+// takes nothing: from the fault on it never accepts more buckets than it
+// had, and node1 and node2 cover every bucket. No held connection breaks
+// (on node1 and node2, nor on node3, whose connections drain there). Without
+// probes node3 would find itself alone and take every bucket, and the
+// others would yield to it.
 func TestE2EDeafNode(t *testing.T) {
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("needs nftables' nft (apt-get install nftables; .ci/run installs it)")
-	}
 	l := upLab(t, 3)
-	ns := node(t, l, "node3").Namespace
-	nft := func(script string) error {
-		cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
-		cmd.Stdin = strings.NewReader(script)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("nft: %v: %s", err, out)
-		}
-		return nil
-	}
-	table := "shoal_probe_deaf"
-	if err := nft(fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority 0; policy accept;\n  udp dport %d drop\n }\n}\n", table, lab.HeartbeatPort)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nft("delete table inet " + table) })
-	deafened := time.Now()
 	accepting := func(name string) (int, error) {
 		st, err := client(t, l, name).Status(context.Background())
 		if err != nil {
@@ -62,10 +88,28 @@ func TestE2EDeafNode(t *testing.T) {
 		}
 		return n, nil
 	}
-	poll(t, 10*time.Second, "node1 and node2 cover every bucket", func() error { return covered(l, "node1", "node2") })
-	t.Logf("node1 and node2 own every bucket %v after node3 went deaf", time.Since(deafened).Round(time.Millisecond))
-	// For longer than a node takes to declare its peers dead, node3 takes
-	// nothing and the others keep every bucket.
+	h := hold(t, l, dialFromClient(t, l, 30), 100*time.Millisecond)
+	share, err := accepting("node3")
+	if err != nil || share == 0 {
+		t.Fatalf("node3 accepts %d buckets (%v) before the fault, want its share", share, err)
+	}
+	heal := dropHeartbeats(t, l, "node3", netip.Addr{})
+	deafened := time.Now()
+	// Until node1 and node2 cover every bucket, and for longer than a node
+	// takes to declare its peers dead after that, node3 takes nothing more.
+	most := 0
+	check := func() {
+		n, err := accepting("node3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, n)
+		if n > share {
+			t.Fatalf("deaf node3 accepts %d buckets %v after the fault, more than its share %d", n, time.Since(deafened), share)
+		}
+	}
+	poll(t, 10*time.Second, "node1 and node2 cover every bucket", func() error { check(); return covered(l, "node1", "node2") })
+	t.Logf("node1 and node2 own every bucket %v after node3 went deaf (node3 accepted at most %d of its %d meanwhile)", time.Since(deafened).Round(time.Millisecond), most, share)
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if n, err := accepting("node3"); err != nil || n != 0 {
 			t.Fatalf("deaf node3 accepts %d buckets (%v), want 0", n, err)
@@ -74,8 +118,9 @@ func TestE2EDeafNode(t *testing.T) {
 			t.Fatalf("with node3 deaf: %v", err)
 		}
 	}
-	if err := nft("delete table inet " + table); err != nil {
-		t.Fatal(err)
-	}
+	heal()
 	poll(t, 10*time.Second, "node3 back after it hears again", func() error { return covered(l, "node1", "node2", "node3") })
+	h.close()
+	t.Logf("held connections by node: node1 %d, node2 %d, node3 %d", len(byNode(h.conns)["node1"]), len(byNode(h.conns)["node2"]), len(byNode(h.conns)["node3"]))
+	h.check(t)
 }
