@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/xdp.sh: XDP per-packet cost from the filter package's benchmarks
 # (prog test runs of the real program beside a bare XDP program, in the same
-# process). Root is needed to load BPF programs; COUNT runs each (2).
+# process; IPv4 and IPv6 cases). Root is needed to load BPF programs; COUNT
+# runs each (2).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"

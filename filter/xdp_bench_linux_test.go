@@ -34,16 +34,20 @@ func BenchmarkXDP(b *testing.B) {
 	x := loadXDP(b)
 	vip := netip.MustParseAddr("198.18.0.1")
 	client := netip.MustParseAddr("198.18.7.7")
-	c := &Config{Seed: 42, VIPs: []netip.Addr{vip, netip.MustParseAddr("198.18.0.9")}, Rules: []Rule{
+	vip6, client6 := netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8:7::7")
+	c := &Config{Seed: 42, VIPs: []netip.Addr{vip, netip.MustParseAddr("198.18.0.9"), vip6, netip.MustParseAddr("2001:db8::9")}, Rules: []Rule{
 		{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Affinity: AffinityNone}, // owned
 		{ID: 2, VIP: vip, PortLo: 81, PortHi: 81, Proto: ProtoTCP, Affinity: AffinityNone}, // not owned
 		{ID: 3, VIP: vip, PortLo: 82, PortHi: 82, Proto: ProtoTCP, Affinity: AffinityNone}, // dirty
 		{ID: 4, PortLo: 1000, PortHi: 2000, Proto: ProtoBoth, Affinity: AffinitySingle},    // unused, to make the tables real
+		{ID: 5, VIP: vip6, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Affinity: AffinityNone}, // IPv6 owned
+		{ID: 6, VIP: vip6, PortLo: 81, PortHi: 81, Proto: ProtoTCP, Affinity: AffinityNone}, // IPv6 not owned
 	}}
 	t := allIn(c, NotOwned)
 	for b := range t.States[1] {
 		t.States[1][b] = Owned
 		t.States[3][b] = OwnedDirty
+		t.States[5][b] = Owned
 	}
 	if err := x.Update(t, nodeMAC); err != nil {
 		b.Fatal(err)
@@ -75,6 +79,16 @@ func BenchmarkXDP(b *testing.B) {
 		bench(x.Program(), ack(82), xdpDrop)(b)
 	})
 	b.Run("non-vip-pass", bench(x.Program(), nonVIP, xdpPass))
+	// IPv6: the same TCP ACK (64 bytes of payload) to an IPv6 VIP, with
+	// and without a hop-by-hop and a destination-options header.
+	ack6 := func(port uint16, exts ...ext6) []byte {
+		return pkt6{src: client6, sport: 40000, dst: vip6, dport: port, proto: layers.IPProtocolTCP, ack: true, exts: exts, payload: make([]byte, 64)}.build()
+	}
+	b.Run("ipv6-owned-tcp", bench(x.Program(), ack6(80), xdpPass))
+	b.Run("ipv6-not-owned-drop", bench(x.Program(), ack6(81), xdpDrop))
+	b.Run("ipv6-owned-two-ext-headers", bench(x.Program(), ack6(80, ext6{nh: nhHopByHop}, ext6{nh: nhDestOpts}), xdpPass))
+	nonVIP6 := pkt6{src: client6, sport: 40000, dst: netip.MustParseAddr("2001:db8::5"), dport: 80, proto: layers.IPProtocolTCP, ack: true, payload: make([]byte, 64)}.build()
+	b.Run("ipv6-non-vip-pass", bench(x.Program(), nonVIP6, xdpPass))
 	// The heartbeat filter: UDP to this node's heartbeat socket.
 	if err := x.SetHeartbeatPeers(netip.MustParseAddrPort("198.18.0.5:7946"), []netip.AddrPort{netip.MustParseAddrPort("198.18.0.6:7946")}); err != nil {
 		b.Fatal(err)
