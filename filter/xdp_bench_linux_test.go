@@ -36,10 +36,10 @@ func BenchmarkXDP(b *testing.B) {
 	client := netip.MustParseAddr("198.18.7.7")
 	vip6, client6 := netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8:7::7")
 	c := &Config{Seed: 42, VIPs: []netip.Addr{vip, netip.MustParseAddr("198.18.0.9"), vip6, netip.MustParseAddr("2001:db8::9")}, Rules: []Rule{
-		{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Affinity: AffinityNone}, // owned
-		{ID: 2, VIP: vip, PortLo: 81, PortHi: 81, Proto: ProtoTCP, Affinity: AffinityNone}, // not owned
-		{ID: 3, VIP: vip, PortLo: 82, PortHi: 82, Proto: ProtoTCP, Affinity: AffinityNone}, // dirty
-		{ID: 4, PortLo: 1000, PortHi: 2000, Proto: ProtoBoth, Affinity: AffinitySingle},    // unused, to make the tables real
+		{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Affinity: AffinityNone},  // owned
+		{ID: 2, VIP: vip, PortLo: 81, PortHi: 81, Proto: ProtoTCP, Affinity: AffinityNone},  // not owned
+		{ID: 3, VIP: vip, PortLo: 82, PortHi: 82, Proto: ProtoTCP, Affinity: AffinityNone},  // dirty
+		{ID: 4, PortLo: 1000, PortHi: 2000, Proto: ProtoBoth, Affinity: AffinitySingle},     // unused, to make the tables real
 		{ID: 5, VIP: vip6, PortLo: 80, PortHi: 80, Proto: ProtoTCP, Affinity: AffinityNone}, // IPv6 owned
 		{ID: 6, VIP: vip6, PortLo: 81, PortHi: 81, Proto: ProtoTCP, Affinity: AffinityNone}, // IPv6 not owned
 	}}
