@@ -386,3 +386,11 @@ func (c *SetSettings) apply(s *State) (Result, error) {
 	}
 	return Result{}, s.Settings.check()
 }
+
+func (c *SetMACMode) apply(s *State) (Result, error) {
+	if s.Settings.ClusterID == 0 {
+		return Result{}, fmt.Errorf("%w: the cluster is not initialised yet", ErrInvalid)
+	}
+	s.Settings.MACMode = c.Mode.normal()
+	return Result{}, s.Settings.check()
+}

@@ -34,6 +34,7 @@ const (
 	TypeRemoveNode          CommandType = 11
 	TypeSetAdminState       CommandType = 12
 	TypeSetSettings         CommandType = 13
+	TypeSetMACMode          CommandType = 14
 )
 
 // commandVersion is the payload version every command is written with. A
@@ -78,6 +79,7 @@ var commandTable = map[CommandType]func() Command{
 	TypeRemoveNode:          func() Command { return new(RemoveNode) },
 	TypeSetAdminState:       func() Command { return new(SetAdminState) },
 	TypeSetSettings:         func() Command { return new(SetSettings) },
+	TypeSetMACMode:          func() Command { return new(SetMACMode) },
 }
 
 // CommandLevel is the highest command level this build applies. Every node
@@ -85,11 +87,13 @@ var commandTable = map[CommandType]func() Command{
 // added later gets the next level in commandSince, and the leader proposes
 // it only once every registered node reports that level, so no replica
 // meets an entry it cannot decode during a rolling upgrade.
-const CommandLevel = 1
+const CommandLevel = 2
 
 // commandSince is the level each command type needs; types not listed
 // need level 1.
-var commandSince = map[CommandType]int{}
+var commandSince = map[CommandType]int{
+	TypeSetMACMode: 2,
+}
 
 // entryHeader is the size of a log entry's header: the type tag, the
 // payload version and the request id.
@@ -242,6 +246,13 @@ type SetSettings struct {
 	HeartbeatTolerance *int           `json:",omitempty"`
 }
 
+// SetMACMode sets the cluster's MAC mode: which cluster MAC every VIP
+// resolves to. It is a command of its own (not a SetSettings field) so that
+// a replica of an older shoal never meets it: it needs command level 2.
+type SetMACMode struct {
+	Mode MACMode
+}
+
 // Type implements Command.
 func (*InitCluster) Type() CommandType { return TypeInitCluster }
 
@@ -280,3 +291,6 @@ func (*SetAdminState) Type() CommandType { return TypeSetAdminState }
 
 // Type implements Command.
 func (*SetSettings) Type() CommandType { return TypeSetSettings }
+
+// Type implements Command.
+func (*SetMACMode) Type() CommandType { return TypeSetMACMode }

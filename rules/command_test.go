@@ -34,6 +34,7 @@ func sampleCommands() []Command {
 		&SetAdminState{Node: 2, State: AdminDraining},
 		&SetSettings{HashSeed: &seed, HeartbeatPeriod: &period, HeartbeatTolerance: &tol},
 		&SetSettings{HashSeed: &seed},
+		&SetMACMode{Mode: MACIGMP},
 	}
 }
 

@@ -146,6 +146,8 @@ func TestFSMCommands(t *testing.T) {
 			s.Settings.HashSeed, s.Settings.HeartbeatPeriod, s.Settings.HeartbeatTolerance = 7, time.Second, 3
 		}},
 		{"settings, one field", &SetSettings{HashSeed: u32(9)}, Result{}, func(s *State) { s.Settings.HashSeed = 9 }},
+		{"mac mode igmp", &SetMACMode{Mode: MACIGMP}, Result{}, func(s *State) { s.Settings.MACMode = MACIGMP }},
+		{"mac mode multicast is stored as the default", &SetMACMode{Mode: MACMulticast}, Result{}, func(s *State) {}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -257,6 +259,7 @@ func TestFSMErrors(t *testing.T) {
 		{"admin state, unknown node", nil, &SetAdminState{Node: 9}, ErrUnknownNode, "node 9"},
 		{"settings, none", nil, &SetSettings{}, ErrInvalid, "no setting"},
 		{"settings, period too short", nil, &SetSettings{HeartbeatPeriod: new(time.Duration)}, ErrInvalid, "heartbeat period"},
+		{"mac mode unknown", nil, &SetMACMode{Mode: "unicast"}, ErrInvalid, "want multicast or igmp"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

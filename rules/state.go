@@ -27,6 +27,9 @@ type Settings struct {
 	HashSeed           uint32        // seeds the ownership hash
 	HeartbeatPeriod    time.Duration // P: one heartbeat per period
 	HeartbeatTolerance int           // T: periods without a heartbeat before a peer is dead
+	// MACMode is the cluster MAC the VIPs resolve to; "" is MACMulticast
+	// (omitted, so a state without it encodes as an older shoal wrote it).
+	MACMode MACMode `json:",omitempty"`
 }
 
 // NodeInfo is what a node says about itself when it registers or joins.
@@ -231,6 +234,8 @@ func (s *State) checkHandlingPriorities(id filter.RuleID) error {
 
 func (s Settings) check() error {
 	switch {
+	case !s.MACMode.valid():
+		return fmt.Errorf("%w: mac mode %q: want multicast or igmp", ErrInvalid, s.MACMode)
 	case s.HeartbeatPeriod < 10*time.Millisecond || s.HeartbeatPeriod > 10*time.Second:
 		return fmt.Errorf("%w: heartbeat period %v is outside 10ms-10s", ErrInvalid, s.HeartbeatPeriod)
 	case s.HeartbeatTolerance < 2 || s.HeartbeatTolerance > 100:

@@ -1,0 +1,81 @@
+package rules
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// MACMode says which cluster MAC the VIPs resolve to, as NLB's cluster
+// operation modes. It is a cluster-wide setting: every node answers ARP
+// for every VIP with the same MAC, so a per-VIP mode would buy little and
+// cost every VIP command a field.
+type MACMode string
+
+// MAC modes.
+const (
+	// MACMulticast: 03:bf and the VIP's four bytes. Not an IP multicast
+	// MAC, so switches (snooping or not) flood it to every port.
+	MACMulticast MACMode = "multicast"
+	// MACIGMP: 01:00:5e:7f and the VIP's last two bytes, the MAC of the
+	// group 239.255.<x>.<y> (x.y the VIP's last two bytes) that every node
+	// joins, so an IGMP-snooping switch forwards the VIP's frames only to
+	// the nodes' ports.
+	MACIGMP MACMode = "igmp"
+)
+
+// ParseMACMode parses "multicast" or "igmp".
+func ParseMACMode(s string) (MACMode, error) {
+	m := MACMode(s)
+	if s == "" || !m.valid() {
+		return "", fmt.Errorf("%w: mac mode %q: want multicast or igmp", ErrInvalid, s)
+	}
+	return m, nil
+}
+
+func (m MACMode) valid() bool { return m == "" || m == MACMulticast || m == MACIGMP }
+
+// normal returns the mode with "" as MACMulticast's stored form (""), so a
+// cluster set back to multicast encodes as one that never changed.
+func (m MACMode) normal() MACMode {
+	if m == MACMulticast {
+		return ""
+	}
+	return m
+}
+
+// String names the mode; "" is multicast.
+func (m MACMode) String() string {
+	if m == "" {
+		return string(MACMulticast)
+	}
+	return string(m)
+}
+
+// ClusterMAC returns the MAC that a VIP resolves to in mode m. Only IPv4
+// VIPs have a group (IGMPGroup); any other address gets the multicast
+// mode's MAC of its last four bytes.
+func (m MACMode) ClusterMAC(vip netip.Addr) net.HardwareAddr {
+	a := vip.As16()
+	b := a[12:]
+	if m == MACIGMP && vip.Is4() {
+		g := IGMPGroup(vip).As4()
+		// RFC 1112: 01:00:5e and the group's low 23 bits (239.255.x.y has
+		// 0x7f in the second byte once the top bit goes).
+		return net.HardwareAddr{0x01, 0x00, 0x5e, g[1] & 0x7f, g[2], g[3]}
+	}
+	return net.HardwareAddr{0x03, 0xbf, b[0], b[1], b[2], b[3]}
+}
+
+// IGMPGroup returns the multicast group the nodes join for an IPv4 VIP in
+// igmp mode: 239.255 and the VIP's last two bytes, as NLB derives it. Two
+// VIPs that share their last two bytes share the group (and the MAC),
+// which only costs each node frames it drops anyway. It returns the zero
+// Addr for an address that is not IPv4.
+func IGMPGroup(vip netip.Addr) netip.Addr {
+	if !vip.Is4() {
+		return netip.Addr{}
+	}
+	b := vip.As4()
+	return netip.AddrFrom4([4]byte{239, 255, b[2], b[3]})
+}
