@@ -101,7 +101,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 
 	// The host: VIPs, sysctls, ARP and cluster MAC membership, XDP; it
 	// follows the replicated VIPs and the link from here on.
-	h, err := setupHost(hostConfig{Interface: cfg.Interface, DataDir: cfg.DataDir, VIPs: a.store.State().VIPs, Log: log})
+	h, err := setupHost(hostConfig{Interface: cfg.Interface, DataDir: cfg.DataDir, VIPs: a.store.State().VIPs, MACMode: a.store.State().Settings.MACMode, Log: log})
 	if err != nil {
 		return err
 	}
@@ -138,7 +138,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
 		Dataplane:   dp, MAC: h.MAC, Scan: scanConns, Health: a.healthy, RenewLease: xdp.RenewLease,
 		OnRules: func(st *rules.State) {
-			h.setVIPs(st.VIPs)
+			h.setVIPs(st.VIPs, st.Settings.MACMode)
 			self, peers := a.heartbeatAllow(st)
 			if err := xdp.SetHeartbeatPeers(self, peers); err != nil {
 				log.Warn("xdp heartbeat filter; heartbeats from anyone reach the socket", "err", err)

@@ -68,6 +68,7 @@ type SettingInfo struct {
 	HashSeed           uint32 `json:"hash_seed"`
 	HeartbeatPeriod    string `json:"heartbeat_period"`
 	HeartbeatTolerance int    `json:"heartbeat_tolerance"`
+	MACMode            string `json:"mac_mode"` // multicast or igmp
 }
 
 // NodeInfo is one registered node in a Query.
@@ -151,6 +152,7 @@ type (
 		HashSeed           *uint32 `json:"hash_seed,omitempty"`
 		HeartbeatPeriod    string  `json:"heartbeat_period,omitempty"` // a Go duration: 75ms
 		HeartbeatTolerance *int    `json:"heartbeat_tolerance,omitempty"`
+		MACMode            string  `json:"mac_mode,omitempty"` // multicast or igmp
 	}
 	// RuleStateRequest enables, disables or drains a rule ("vip:port", an
 	// id, or "all"), on one node or, with AllNodes, cluster-wide.

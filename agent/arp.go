@@ -6,21 +6,25 @@ import (
 	"net/netip"
 
 	"github.com/mdlayher/arp"
+
+	"github.com/shoalnet/shoal/rules"
 )
 
 // ClusterMAC is the multicast MAC that a VIP's ARP replies (and Neighbor
-// Advertisements) carry, as NLB's multicast mode: 03:bf followed by an IPv4
-// VIP's four bytes. An IPv6 VIP's is 03:be followed by its last four bytes:
-// the other second byte keeps it from ever equalling an IPv4 VIP's (for
-// 2001:db8::c612:1 and 198.18.0.1 alike). Switches flood frames for it to
-// every port, so every node sees every packet for the VIP.
-func ClusterMAC(vip netip.Addr) net.HardwareAddr {
-	if vip.Is4() {
-		b := vip.As4()
-		return net.HardwareAddr{0x03, 0xbf, b[0], b[1], b[2], b[3]}
-	}
-	b := vip.As16()
-	return net.HardwareAddr{0x03, 0xbe, b[12], b[13], b[14], b[15]}
+// Advertisements) carry in the cluster's MAC mode, as NLB's: in multicast
+// mode 03:bf followed by an IPv4 VIP's four bytes (03:be and an IPv6 VIP's
+// last four), which switches flood to every port; in igmp mode, for an
+// IPv4 VIP, the MAC of its group (rules.IGMPGroup), which every node joins,
+// so a snooping switch forwards it only to the nodes.
+func ClusterMAC(vip netip.Addr, mode rules.MACMode) net.HardwareAddr {
+	return mode.ClusterMAC(vip)
+}
+
+// vipSet is the VIPs the host answers for and the MAC mode they resolve
+// in; both come from the replicated rules.
+type vipSet struct {
+	vips []netip.Addr
+	mode rules.MACMode
 }
 
 const (
@@ -65,7 +69,7 @@ func (v arpVerdict) String() string {
 // Ethernet source is the node's own MAC while the ARP sender is the cluster
 // MAC: a frame with a multicast source would be dropped by every bridge and
 // switch, so the client would never learn the VIP.
-func arpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte, arpVerdict) {
+func arpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) ([]byte, arpVerdict) {
 	if len(frame) < ethHeaderLen || binary.BigEndian.Uint16(frame[12:14]) != etherTypeARP {
 		return nil, arpMalformed
 	}
@@ -79,7 +83,7 @@ func arpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte,
 	if !saneSender(req.SenderHardwareAddr, req.SenderIP, vips) {
 		return nil, arpBadSender
 	}
-	rep, err := arp.NewPacket(arp.OperationReply, ClusterMAC(req.TargetIP), req.TargetIP, req.SenderHardwareAddr, req.SenderIP)
+	rep, err := arp.NewPacket(arp.OperationReply, ClusterMAC(req.TargetIP, mode), req.TargetIP, req.SenderHardwareAddr, req.SenderIP)
 	if err != nil {
 		return nil, arpMalformed
 	}
@@ -88,8 +92,8 @@ func arpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte,
 
 // gratuitousARP announces vip at the cluster MAC to the whole segment, so
 // clients and routers that cached another MAC learn the right one.
-func gratuitousARP(ownMAC net.HardwareAddr, vip netip.Addr) []byte {
-	p, err := arp.NewPacket(arp.OperationRequest, ClusterMAC(vip), vip, broadcastMAC, vip)
+func gratuitousARP(ownMAC net.HardwareAddr, vip netip.Addr, mode rules.MACMode) []byte {
+	p, err := arp.NewPacket(arp.OperationRequest, ClusterMAC(vip, mode), vip, broadcastMAC, vip)
 	if err != nil {
 		panic(err) // only on a bad MAC or non-IPv4 VIP, which config validation rules out
 	}

@@ -45,21 +45,21 @@ type arpResponder struct {
 	ownMAC  func() net.HardwareAddr // the interface's current MAC
 	limit   *rate.Limiter
 	stats   *arpStats
-	vips    atomic.Pointer[[]netip.Addr]
-	joined  []netip.Addr // whose cluster MACs the socket joined; owned by the host
+	vips    atomic.Pointer[vipSet]
+	joined  []string // the cluster MACs the socket joined; owned by the host
 
 	done chan struct{} // closed when serve returns
 	err  error         // why serve returned; read after done
 }
 
 // listenARP opens the responder on ifi for vips and starts answering.
-func listenARP(ifi *net.Interface, vips []netip.Addr, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *arpStats) (*arpResponder, error) {
+func listenARP(ifi *net.Interface, vips vipSet, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *arpStats) (*arpResponder, error) {
 	conn, err := packet.Listen(ifi, packet.Raw, etherTypeARP, nil)
 	if err != nil {
 		return nil, fmt.Errorf("open arp socket on %s: %w", ifi.Name, err)
 	}
 	a := &arpResponder{conn: conn, ifindex: ifi.Index, ownMAC: ownMAC, limit: limit, stats: stats, done: make(chan struct{})}
-	a.vips.Store(&[]netip.Addr{})
+	a.vips.Store(&vipSet{})
 	if err := a.setVIPs(vips); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("%s: %w", ifi.Name, err)
@@ -71,32 +71,41 @@ func listenARP(ifi *net.Interface, vips []netip.Addr, ownMAC func() net.Hardware
 	return a, nil
 }
 
-// setVIPs makes the responder answer for vips and holds the membership of
-// exactly their cluster MACs. Not safe for concurrent use with itself.
-func (a *arpResponder) setVIPs(vips []netip.Addr) error {
-	vips = slices.Clone(vips)
+// setVIPs makes the responder answer for the VIPs of set and holds the
+// membership of exactly their cluster MACs in its mode. Not safe for
+// concurrent use with itself.
+func (a *arpResponder) setVIPs(set vipSet) error {
+	set.vips = slices.Clone(set.vips)
+	var want []string
+	for _, v := range set.vips {
+		if m := ClusterMAC(v, set.mode).String(); !slices.Contains(want, m) {
+			want = append(want, m)
+		}
+	}
 	var errs []error
 	joined := a.joined[:0:0]
-	for _, v := range a.joined {
-		if slices.Contains(vips, v) {
-			joined = append(joined, v)
-		} else if err := a.conn.LeaveGroup(ClusterMAC(v)); err != nil {
-			errs = append(errs, fmt.Errorf("leave cluster mac %s: %w", ClusterMAC(v), err))
-			joined = append(joined, v)
+	for _, m := range a.joined {
+		mac, _ := net.ParseMAC(m)
+		if slices.Contains(want, m) {
+			joined = append(joined, m)
+		} else if err := a.conn.LeaveGroup(mac); err != nil {
+			errs = append(errs, fmt.Errorf("leave cluster mac %s: %w", m, err))
+			joined = append(joined, m)
 		}
 	}
-	for _, v := range vips {
-		if slices.Contains(joined, v) {
+	for _, m := range want {
+		if slices.Contains(joined, m) {
 			continue
 		}
-		if err := a.conn.JoinGroup(ClusterMAC(v)); err != nil {
-			errs = append(errs, fmt.Errorf("join cluster mac %s: %w", ClusterMAC(v), err))
+		mac, _ := net.ParseMAC(m)
+		if err := a.conn.JoinGroup(mac); err != nil {
+			errs = append(errs, fmt.Errorf("join cluster mac %s: %w", m, err))
 			continue
 		}
-		joined = append(joined, v)
+		joined = append(joined, m)
 	}
 	a.joined = joined
-	a.vips.Store(&vips)
+	a.vips.Store(&set)
 	return errors.Join(errs...)
 }
 
@@ -111,7 +120,8 @@ func (a *arpResponder) serve() error {
 			}
 			return fmt.Errorf("read arp: %w", err)
 		}
-		reply, v := arpReply(buf[:n], a.ownMAC(), *a.vips.Load())
+		set := a.vips.Load()
+		reply, v := arpReply(buf[:n], a.ownMAC(), set.vips, set.mode)
 		if v == arpReplied {
 			if !a.limit.Allow() {
 				v = arpRateLimited
@@ -124,14 +134,16 @@ func (a *arpResponder) serve() error {
 }
 
 // announce sends a gratuitous ARP for each IPv4 VIP of vips (the NDP
-// responder announces the IPv6 ones).
+// responder announces the IPv6 ones), at its cluster MAC in the
+// responder's mode.
 func (a *arpResponder) announce(vips []netip.Addr) error {
 	var errs []error
+	mode := a.vips.Load().mode
 	for _, vip := range vips {
 		if !vip.Is4() {
 			continue
 		}
-		f := gratuitousARP(a.ownMAC(), vip)
+		f := gratuitousARP(a.ownMAC(), vip, mode)
 		if _, err := a.conn.WriteTo(f, &packet.Addr{HardwareAddr: broadcastMAC}); err != nil {
 			errs = append(errs, fmt.Errorf("gratuitous arp for %s: %w", vip, err))
 		}

@@ -7,23 +7,41 @@ import (
 	"testing"
 
 	"github.com/mdlayher/arp"
+
+	"github.com/shoalnet/shoal/rules"
 )
 
 func TestClusterMAC(t *testing.T) {
-	for vip, want := range map[string]string{
-		"198.18.7.100": "03:bf:c6:12:07:64",
-		"2001:db8::10": "03:be:00:00:00:10",
+	tests := []struct {
+		vip  string
+		mode rules.MACMode
+		want string
+	}{
+		{"198.18.7.100", "", "03:bf:c6:12:07:64"},
+		{"198.18.7.100", rules.MACMulticast, "03:bf:c6:12:07:64"},
+		{"198.18.7.100", rules.MACIGMP, "01:00:5e:7f:07:64"},
+		{"2001:db8::10", "", "03:be:00:00:00:10"},
 		// The last four bytes of this IPv6 VIP are 198.18.7.100's: the
 		// second byte still tells them apart.
-		"2001:db8::c612:764": "03:be:c6:12:07:64",
-	} {
-		if got := ClusterMAC(netip.MustParseAddr(vip)).String(); got != want {
-			t.Errorf("ClusterMAC(%s) = %s, want %s", vip, got, want)
+		{"2001:db8::c612:764", "", "03:be:c6:12:07:64"},
+		{"2001:db8::c612:764", rules.MACIGMP, "03:be:c6:12:07:64"}, // no MLD group yet
+	}
+	for _, tt := range tests {
+		if got := ClusterMAC(netip.MustParseAddr(tt.vip), tt.mode).String(); got != tt.want {
+			t.Errorf("ClusterMAC(%s, %s) = %s, want %s", tt.vip, tt.mode, got, tt.want)
 		}
 	}
 }
 
+var macModes = []rules.MACMode{rules.MACMulticast, rules.MACIGMP}
+
 func TestARPReply(t *testing.T) {
+	for _, mode := range macModes {
+		t.Run(mode.String(), func(t *testing.T) { testARPReply(t, mode) })
+	}
+}
+
+func testARPReply(t *testing.T, mode rules.MACMode) {
 	own := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x11}
 	client := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
 	vip := netip.MustParseAddr("198.18.7.100")
@@ -31,7 +49,7 @@ func TestARPReply(t *testing.T) {
 	req, _ := arp.NewPacket(arp.OperationRequest, client, netip.MustParseAddr("198.18.7.1"), net.HardwareAddr{0, 0, 0, 0, 0, 0}, vip)
 	frame := ethernetFrame(broadcastMAC, client, req)
 
-	reply, v := arpReply(frame, own, vips)
+	reply, v := arpReply(frame, own, vips, mode)
 	if v != arpReplied {
 		t.Fatalf("verdict %d, want replied", v)
 	}
@@ -45,28 +63,34 @@ func TestARPReply(t *testing.T) {
 	if err := p.UnmarshalBinary(reply[ethHeaderLen:]); err != nil {
 		t.Fatal(err)
 	}
-	if p.Operation != arp.OperationReply || p.SenderIP != vip || !bytes.Equal(p.SenderHardwareAddr, ClusterMAC(vip)) {
-		t.Errorf("reply says %s is at %s (op %d), want %s at %s", p.SenderIP, p.SenderHardwareAddr, p.Operation, vip, ClusterMAC(vip))
+	if p.Operation != arp.OperationReply || p.SenderIP != vip || !bytes.Equal(p.SenderHardwareAddr, ClusterMAC(vip, mode)) {
+		t.Errorf("reply says %s is at %s (op %d), want %s at %s", p.SenderIP, p.SenderHardwareAddr, p.Operation, vip, ClusterMAC(vip, mode))
 	}
 	if p.TargetIP != netip.MustParseAddr("198.18.7.1") || !bytes.Equal(p.TargetHardwareAddr, client) {
 		t.Errorf("reply target %s/%s, want the asker", p.TargetIP, p.TargetHardwareAddr)
 	}
 
 	other, _ := arp.NewPacket(arp.OperationRequest, client, netip.MustParseAddr("198.18.7.1"), net.HardwareAddr{0, 0, 0, 0, 0, 0}, netip.MustParseAddr("198.18.7.11"))
-	if _, v := arpReply(ethernetFrame(broadcastMAC, client, other), own, vips); v != arpNotForVIP {
+	if _, v := arpReply(ethernetFrame(broadcastMAC, client, other), own, vips, mode); v != arpNotForVIP {
 		t.Errorf("request for a node address: verdict %d, want not-for-vip", v)
 	}
 	for name, f := range map[string][]byte{"empty": nil, "short": frame[:20], "not arp": append(append([]byte{}, frame[:12]...), 0x08, 0x00, 1, 2, 3)} {
-		if _, v := arpReply(f, own, vips); v != arpMalformed {
+		if _, v := arpReply(f, own, vips, mode); v != arpMalformed {
 			t.Errorf("%s frame: verdict %d, want malformed", name, v)
 		}
 	}
 }
 
 func TestGratuitousARP(t *testing.T) {
+	for _, mode := range macModes {
+		t.Run(mode.String(), func(t *testing.T) { testGratuitousARP(t, mode) })
+	}
+}
+
+func testGratuitousARP(t *testing.T, mode rules.MACMode) {
 	own := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x11}
 	vip := netip.MustParseAddr("198.18.7.100")
-	f := gratuitousARP(own, vip)
+	f := gratuitousARP(own, vip, mode)
 	if !bytes.Equal(f[0:6], broadcastMAC) || !bytes.Equal(f[6:12], own) {
 		t.Errorf("gratuitous arp ethernet header %x", f[:14])
 	}
@@ -74,7 +98,7 @@ func TestGratuitousARP(t *testing.T) {
 	if err := p.UnmarshalBinary(f[ethHeaderLen:]); err != nil {
 		t.Fatal(err)
 	}
-	if p.SenderIP != vip || p.TargetIP != vip || !bytes.Equal(p.SenderHardwareAddr, ClusterMAC(vip)) {
+	if p.SenderIP != vip || p.TargetIP != vip || !bytes.Equal(p.SenderHardwareAddr, ClusterMAC(vip, mode)) {
 		t.Errorf("gratuitous arp announces %s at %s for %s", p.SenderIP, p.SenderHardwareAddr, p.TargetIP)
 	}
 }
@@ -82,10 +106,10 @@ func TestGratuitousARP(t *testing.T) {
 func FuzzARPReply(f *testing.F) {
 	own := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x11}
 	vips := []netip.Addr{netip.MustParseAddr("198.18.7.100")}
-	f.Add(gratuitousARP(own, vips[0]))
+	f.Add(gratuitousARP(own, vips[0], rules.MACMulticast))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		reply, v := arpReply(b, own, vips)
+		reply, v := arpReply(b, own, vips, rules.MACMulticast)
 		if (v == arpReplied) != (reply != nil) {
 			t.Fatalf("verdict %d with reply %x", v, reply)
 		}
@@ -109,7 +133,7 @@ func TestARPReplySender(t *testing.T) {
 		want arpVerdict
 	}{
 		{"unicast host", unicast, asker, arpReplied},
-		{"multicast mac", ClusterMAC(vip), asker, arpBadSender},
+		{"multicast mac", ClusterMAC(vip, rules.MACMulticast), asker, arpBadSender},
 		{"broadcast mac", broadcastMAC, asker, arpBadSender},
 		{"zero mac", net.HardwareAddr{0, 0, 0, 0, 0, 0}, asker, arpBadSender},
 		{"probe (sender 0.0.0.0)", unicast, netip.IPv4Unspecified(), arpBadSender},
@@ -124,13 +148,13 @@ func TestARPReplySender(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			reply, v := arpReply(ethernetFrame(broadcastMAC, unicast, req), own, vips)
+			reply, v := arpReply(ethernetFrame(broadcastMAC, unicast, req), own, vips, rules.MACMulticast)
 			if v != tc.want || (reply != nil) != (tc.want == arpReplied) {
 				t.Errorf("verdict %s (reply %v), want %s", v, reply != nil, tc.want)
 			}
 		})
 	}
-	if _, v := arpReply(gratuitousARP(own, vip), own, vips); v != arpBadSender {
+	if _, v := arpReply(gratuitousARP(own, vip, rules.MACMulticast), own, vips, rules.MACMulticast); v != arpBadSender {
 		t.Errorf("another node's gratuitous arp: verdict %s, want bad_sender", v)
 	}
 }

@@ -215,7 +215,9 @@ func (c *commander) editRule(ctx context.Context, target string, req RuleEditReq
 	return ruleInfo(c.store.State(), &r), nil
 }
 
-// setSettings changes the cluster settings req gives, in one command.
+// setSettings changes the cluster settings req gives: the hash seed and
+// heartbeat settings in one command, the MAC mode (a command of its own,
+// validated first) after it.
 func (c *commander) setSettings(ctx context.Context, req SettingsRequest) error {
 	cmd := &rules.SetSettings{HashSeed: req.HashSeed, HeartbeatTolerance: req.HeartbeatTolerance}
 	if req.HeartbeatPeriod != "" {
@@ -225,11 +227,29 @@ func (c *commander) setSettings(ctx context.Context, req SettingsRequest) error 
 		}
 		cmd.HeartbeatPeriod = &d
 	}
-	if cmd.HashSeed == nil && cmd.HeartbeatPeriod == nil && cmd.HeartbeatTolerance == nil {
-		return badRequest("nothing to change: give --hash-seed, --heartbeat-period or --heartbeat-tolerance")
+	var mode *rules.SetMACMode
+	if req.MACMode != "" {
+		m, err := rules.ParseMACMode(req.MACMode)
+		if err != nil {
+			return badRequest("%v", err)
+		}
+		mode = &rules.SetMACMode{Mode: m}
 	}
-	_, err := c.apply(ctx, cmd)
-	return err
+	some := cmd.HashSeed != nil || cmd.HeartbeatPeriod != nil || cmd.HeartbeatTolerance != nil
+	if !some && mode == nil {
+		return badRequest("nothing to change: give --hash-seed, --heartbeat-period, --heartbeat-tolerance or --mac-mode")
+	}
+	if some {
+		if _, err := c.apply(ctx, cmd); err != nil {
+			return err
+		}
+	}
+	if mode != nil {
+		if _, err := c.apply(ctx, mode); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *commander) setRuleState(ctx context.Context, req RuleStateRequest) error {

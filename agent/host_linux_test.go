@@ -28,6 +28,7 @@ import (
 	"github.com/mdlayher/packet"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/rules"
 )
 
 const (
@@ -332,7 +333,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	}
 	answeredBy := func(vip netip.Addr, mac net.HardwareAddr) func() error {
 		return func() error {
-			src, err := askARP(vip)
+			src, err := askARP(vip, rules.MACMulticast)
 			if err != nil {
 				return err
 			}
@@ -417,8 +418,8 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	onLo := func(vip netip.Addr) bool {
 		return strings.Contains(ipCmd(t, "-4", "addr", "show", "dev", "lo"), " "+vip.String()+"/32")
 	}
-	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6})
-	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6}) // again: changes nothing
+	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6}, "")
+	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6}, "") // again: changes nothing
 	pollFor(t, 5*time.Second, "a vip added at runtime answered", answeredBy(hostVIP3, ifMAC()))
 	if !onLo(hostVIP3) {
 		t.Error("vip added at runtime not on lo")
@@ -430,7 +431,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 		}
 		return nil
 	})
-	h.setVIPs([]netip.Addr{hostVIP3})
+	h.setVIPs([]netip.Addr{hostVIP3}, "")
 	pollFor(t, 5*time.Second, "a removed vip off lo", func() error {
 		if onLo(hostVIP1) {
 			return fmt.Errorf("%s still on lo", hostVIP1)
@@ -446,7 +447,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	if out := ipCmd(t, "-6", "maddr", "show", "dev", hostTestIf); strings.Contains(out, solicitedNode(hostVIP6).String()) {
 		t.Errorf("solicited-node group of the removed vip still joined:\n%s", out)
 	}
-	if _, err := askARP(hostVIP1); err == nil {
+	if _, err := askARP(hostVIP1, rules.MACMulticast); err == nil {
 		t.Errorf("arp still answered for the removed vip %s", hostVIP1)
 	}
 	rec, err := loadHostRecord(dataDir)
@@ -454,17 +455,45 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 		t.Errorf("record vips %v (%v), want [%s]", rec.VIPs, err, hostVIP3)
 	}
 
+	// igmp mode at runtime: ARP answers with the group's MAC, the
+	// interface joined the group (so the kernel answers IGMP queries) and
+	// holds the new MAC, not the old one; back to multicast undoes it.
+	maddr := func() string { return ipCmd(t, "maddr", "show", "dev", hostTestIf) }
+	igmpMAC, group := ClusterMAC(hostVIP3, rules.MACIGMP).String(), rules.IGMPGroup(hostVIP3).String()
+	mcastMAC := ClusterMAC(hostVIP3, rules.MACMulticast).String()
+	h.setVIPs([]netip.Addr{hostVIP3}, rules.MACIGMP)
+	pollFor(t, 5*time.Second, "igmp mode: arp answers with the group's mac", func() error {
+		_, err := askARP(hostVIP3, rules.MACIGMP)
+		return err
+	})
+	pollFor(t, 5*time.Second, "igmp mode: group and mac on the interface", func() error {
+		if m := maddr(); !strings.Contains(m, "inet  "+group) || !strings.Contains(m, igmpMAC) || strings.Contains(m, mcastMAC) {
+			return fmt.Errorf("want %s and %s, not %s:\n%s", group, igmpMAC, mcastMAC, m)
+		}
+		return nil
+	})
+	h.setVIPs([]netip.Addr{hostVIP3}, rules.MACMulticast)
+	pollFor(t, 5*time.Second, "back to multicast mode", func() error {
+		if _, err := askARP(hostVIP3, rules.MACMulticast); err != nil {
+			return err
+		}
+		if m := maddr(); strings.Contains(m, group) || strings.Contains(m, igmpMAC) || !strings.Contains(m, mcastMAC) {
+			return fmt.Errorf("want %s only:\n%s", mcastMAC, m)
+		}
+		return nil
+	})
+
 	// Over the reply rate, requests are counted and not answered.
 	limited := h.arpCounters()["rate_limited"]
 	h.arpLimit.SetBurst(0)
 	h.arpLimit.SetLimit(0)
-	if _, err := askARP(hostVIP3); err == nil {
+	if _, err := askARP(hostVIP3, rules.MACMulticast); err == nil {
 		t.Error("arp answered with no reply allowed by the rate limit")
 	}
 	if got := h.arpCounters()["rate_limited"]; got != limited+1 {
 		t.Errorf("rate_limited %d, want %d", got, limited+1)
 	}
-	h.setVIPs([]netip.Addr{hostVIP3, hostVIP6})
+	h.setVIPs([]netip.Addr{hostVIP3, hostVIP6}, "")
 	pollFor(t, 5*time.Second, "an ipv6 vip added at runtime answered", answeredNDP(t, hostVIP6, ifMAC()))
 	limited6 := h.ndpCounters()["rate_limited"]
 	h.ndpLimit.SetBurst(0)
@@ -498,8 +527,8 @@ func pollFor(t *testing.T, timeout time.Duration, what string, check func() erro
 }
 
 // askARP asks, from the veth peer, who has vip, and returns the Ethernet
-// source of the reply; the reply must carry the cluster MAC.
-func askARP(vip netip.Addr) (net.HardwareAddr, error) {
+// source of the reply; the reply must carry the cluster MAC of mode.
+func askARP(vip netip.Addr, mode rules.MACMode) (net.HardwareAddr, error) {
 	ifi, err := net.InterfaceByName(hostTestPeer)
 	if err != nil {
 		return nil, err
@@ -528,8 +557,8 @@ func askARP(vip netip.Addr) (net.HardwareAddr, error) {
 		if n < ethHeaderLen || p.UnmarshalBinary(buf[ethHeaderLen:n]) != nil || p.Operation != arp.OperationReply || p.TargetIP != asker || p.SenderIP != vip {
 			continue
 		}
-		if !bytes.Equal(p.SenderHardwareAddr, ClusterMAC(vip)) {
-			return nil, fmt.Errorf("reply says %s is at %s, want the cluster mac", vip, p.SenderHardwareAddr)
+		if !bytes.Equal(p.SenderHardwareAddr, ClusterMAC(vip, mode)) {
+			return nil, fmt.Errorf("reply says %s is at %s, want the %s mode's cluster mac %s", vip, p.SenderHardwareAddr, mode, ClusterMAC(vip, mode))
 		}
 		return slices.Clone(net.HardwareAddr(buf[6:12])), nil
 	}

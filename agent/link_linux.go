@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/rules"
 )
 
 // hostRecheck is how often the host checks the interface when no link
@@ -77,15 +78,15 @@ func (h *host) stop() error {
 	return nil
 }
 
-// setVIPs makes the host follow the cluster's VIPs (the replicated rules
-// state): VIPs on lo, ARP, cluster MAC membership. It does not wait; the
-// host's goroutine applies the latest list. Safe to call at any time, with
-// the same list as often as wanted.
-func (h *host) setVIPs(vips []netip.Addr) {
-	vips = slices.Clone(vips)
+// setVIPs makes the host follow the cluster's VIPs and MAC mode (the
+// replicated rules state): VIPs on lo, ARP, cluster MAC and igmp group
+// membership. It does not wait; the host's goroutine applies the latest
+// list. Safe to call at any time, with the same list as often as wanted.
+func (h *host) setVIPs(vips []netip.Addr, mode rules.MACMode) {
+	set := vipSet{slices.Clone(vips), mode}
 	for {
 		select {
-		case h.vipsCh <- vips:
+		case h.vipsCh <- set:
 			return
 		default:
 		}
@@ -168,8 +169,8 @@ func (h *host) run(ctx context.Context, changed func()) {
 			} else if u.Attrs().Name != h.ifname && int(u.Index) != h.ifindex {
 				continue
 			}
-		case vips := <-h.vipsCh:
-			h.note("vips", h.applyVIPs(vips))
+		case set := <-h.vipsCh:
+			h.note("vips", h.applyVIPs(set))
 		case <-h.announceCh:
 			h.announceAll()
 		case <-arpDone:
@@ -288,7 +289,7 @@ func (h *host) sync(changed func()) {
 		}
 	}
 	// Puts back a VIP someone took off lo, retries a failed change.
-	h.note("vips", h.applyVIPs(h.vips))
+	h.note("vips", h.applyVIPs(vipSet{h.vips, h.mode}))
 }
 
 // announceAll announces every VIP: gratuitous ARP for the IPv4 ones, an

@@ -8,6 +8,8 @@ import (
 	"github.com/mdlayher/ndp"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv6"
+
+	"github.com/shoalnet/shoal/rules"
 )
 
 // IPv6 neighbour discovery for the VIPs: what ARP is to the IPv4 VIPs.
@@ -105,7 +107,7 @@ func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte,
 	}
 	na := &ndp.NeighborAdvertisement{
 		Solicited: true, Override: true, TargetAddress: ns.TargetAddress,
-		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ns.TargetAddress)}},
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ns.TargetAddress, rules.MACMulticast)}},
 	}
 	f, err := ipv6Frame(mac, ownMAC, ns.TargetAddress, src, na)
 	if err != nil {
@@ -121,7 +123,7 @@ func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte,
 func unsolicitedNA(ownMAC net.HardwareAddr, vip netip.Addr) []byte {
 	na := &ndp.NeighborAdvertisement{
 		Override: true, TargetAddress: vip,
-		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(vip)}},
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(vip, rules.MACMulticast)}},
 	}
 	f, err := ipv6Frame(allNodesMAC, ownMAC, vip, allNodes, na)
 	if err != nil {

@@ -17,6 +17,8 @@ import (
 	"github.com/mdlayher/ndp"
 	"github.com/mdlayher/packet"
 	"github.com/vishvananda/netns"
+
+	"github.com/shoalnet/shoal/rules"
 )
 
 var (
@@ -94,7 +96,7 @@ func TestHostNDP(t *testing.T) {
 		})
 		return mac
 	}()
-	cmac := ClusterMAC(hostVIP6)
+	cmac := ClusterMAC(hostVIP6, rules.MACMulticast)
 
 	// The kernel alone, with the VIP on lo: no answer.
 	mustIP(t, "-n", ns, "addr", "add", hostVIP6.String()+"/128", "dev", "lo", "nodad")
@@ -218,8 +220,8 @@ func answeredNDP(t *testing.T, vip netip.Addr, mac net.HardwareAddr) func() erro
 		if len(nas) != 1 {
 			return fmt.Errorf("%d advertisements for %s, want 1: %v", len(nas), vip, nas)
 		}
-		if !bytes.Equal(nas[0].tlla, ClusterMAC(vip)) || !bytes.Equal(nas[0].ethSrc, mac) {
-			return fmt.Errorf("advertisement for %s says %s, from %s; want %s from %s", vip, nas[0].tlla, nas[0].ethSrc, ClusterMAC(vip), mac)
+		if !bytes.Equal(nas[0].tlla, ClusterMAC(vip, rules.MACMulticast)) || !bytes.Equal(nas[0].ethSrc, mac) {
+			return fmt.Errorf("advertisement for %s says %s, from %s; want %s from %s", vip, nas[0].tlla, nas[0].ethSrc, ClusterMAC(vip, rules.MACMulticast), mac)
 		}
 		return nil
 	}

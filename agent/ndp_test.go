@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mdlayher/ndp"
+
+	"github.com/shoalnet/shoal/rules"
 )
 
 var (
@@ -26,7 +28,7 @@ func solicitation(t testing.TB, ethSrc net.HardwareAddr, src, dst, target netip.
 	if slla != nil {
 		ns.Options = []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: slla}}
 	}
-	ethDst := ClusterMAC(target) // a unicast probe goes to the cached MAC
+	ethDst := ClusterMAC(target, rules.MACMulticast) // a unicast probe goes to the cached MAC
 	if dst.IsMulticast() {
 		g := dst.As16()
 		ethDst = net.HardwareAddr{0x33, 0x33, g[12], g[13], g[14], g[15]}
@@ -93,8 +95,8 @@ func TestNDPReply(t *testing.T) {
 		{"not a vip", solicitation(t, ndpClient, ndpAsker, solicitedNode(ndpAsker), netip.MustParseAddr("2001:db8:0:7::11"), ndpClient), ndpNotForVIP, nil},
 		{"duplicate address detection", solicitation(t, ndpClient, netip.IPv6Unspecified(), snm, ndpVIP, nil), ndpBadSender, nil},
 		{"asker claims the vip", solicitation(t, ndpClient, ndpVIP, snm, ndpVIP, ndpClient), ndpBadSender, nil},
-		{"multicast source link-layer address", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, ClusterMAC(ndpVIP)), ndpBadSender, nil},
-		{"multicast ethernet source", solicitation(t, ClusterMAC(ndpVIP), ndpAsker, snm, ndpVIP, ndpClient), ndpBadSender, nil},
+		{"multicast source link-layer address", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, ClusterMAC(ndpVIP, rules.MACMulticast)), ndpBadSender, nil},
+		{"multicast ethernet source", solicitation(t, ClusterMAC(ndpVIP, rules.MACMulticast), ndpAsker, snm, ndpVIP, ndpClient), ndpBadSender, nil},
 		{"another node's advertisement", unsolicitedNA(ndpOwn, ndpVIP), ndpNotForVIP, nil},
 	}
 	for _, tc := range tests {
@@ -115,7 +117,7 @@ func TestNDPReply(t *testing.T) {
 				t.Errorf("ipv6 %s -> %s, want %s -> %s", src, dst, ndpVIP, asker)
 			}
 			want := &ndp.NeighborAdvertisement{Solicited: true, Override: true, TargetAddress: ndpVIP,
-				Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ndpVIP)}}}
+				Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ndpVIP, rules.MACMulticast)}}}
 			if diff := cmp.Diff(want, na, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 				t.Errorf("advertisement (-want +got):\n%s", diff)
 			}
@@ -162,7 +164,7 @@ func TestUnsolicitedNA(t *testing.T) {
 	if src != ndpVIP || dst != allNodes {
 		t.Errorf("ipv6 %s -> %s", src, dst)
 	}
-	if na.Solicited || !na.Override || na.TargetAddress != ndpVIP || !bytes.Equal(tlla(na), ClusterMAC(ndpVIP)) {
+	if na.Solicited || !na.Override || na.TargetAddress != ndpVIP || !bytes.Equal(tlla(na), ClusterMAC(ndpVIP, rules.MACMulticast)) {
 		t.Errorf("advertisement %+v (target link-layer address %s)", na, tlla(na))
 	}
 }

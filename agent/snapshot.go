@@ -72,5 +72,5 @@ func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
 }
 
 func settingInfo(s rules.Settings) SettingInfo {
-	return SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance}
+	return SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance, MACMode: s.MACMode.String()}
 }

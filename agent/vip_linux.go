@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/rules"
 )
 
 // hostConfig is what setupHost needs.
@@ -26,6 +27,7 @@ type hostConfig struct {
 	Interface string       // the cluster interface
 	DataDir   string       // where the host record lives
 	VIPs      []netip.Addr // the cluster's VIPs, from the replicated rules
+	MACMode   rules.MACMode
 	Log       *slog.Logger
 }
 
@@ -56,6 +58,8 @@ type host struct {
 	sysctlsOK  bool             // set on ifindex
 	xdpIndex   int              // the ifindex XDP is attached to, 0 if none
 	vips       []netip.Addr     // the cluster's VIPs
+	mode       rules.MACMode    // the cluster's MAC mode
+	groups     *groupMember     // the igmp mode's group memberships
 	foreign    []netip.Addr     // VIPs found on lo that are not the agent's
 	arp        *arpResponder    // nil while it is down
 	arpStats   *arpStats        // outlives the responders
@@ -73,7 +77,7 @@ type host struct {
 	pushed atomic.Pointer[net.HardwareAddr] // the MAC the data plane last got
 	status atomic.Pointer[hostStatus]
 
-	vipsCh     chan []netip.Addr // setVIPs to run, latest wins
+	vipsCh     chan vipSet // setVIPs to run, latest wins
 	announceCh chan struct{}
 	cancel     func()
 	done       chan struct{} // closed when run returns
@@ -99,7 +103,7 @@ func setupHost(cfg hostConfig) (h *host, err error) {
 		ifname: cfg.Interface, log: log, rec: rec,
 		arpStats: &arpStats{}, arpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
 		ndpStats: &ndpStats{}, ndpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
-		lastErr: map[string]error{}, vipsCh: make(chan []netip.Addr, 1), announceCh: make(chan struct{}, 1),
+		lastErr: map[string]error{}, vipsCh: make(chan vipSet, 1), announceCh: make(chan struct{}, 1),
 		cancel: func() {}, done: make(chan struct{}),
 	}
 	close(h.done) // until start
@@ -123,7 +127,10 @@ func setupHost(cfg hostConfig) (h *host, err error) {
 	if err := h.setSysctls(); err != nil {
 		return h, err
 	}
-	if err := h.applyVIPs(cfg.VIPs); err != nil {
+	if h.groups, err = listenGroups(); err != nil {
+		return h, err
+	}
+	if err := h.applyVIPs(vipSet{cfg.VIPs, cfg.MACMode}); err != nil {
 		return h, err
 	}
 	if err := h.openARP(); err != nil {
@@ -195,12 +202,13 @@ func (h *host) setSysctls() error {
 }
 
 // applyVIPs makes the VIPs on lo, and those the ARP responder answers for,
-// the cluster's vips: it adds the missing ones (recorded first), adopts
-// those the record says a previous agent added, removes the agent's that
-// are no longer cluster VIPs, and leaves alone any VIP someone else put on
-// lo. Calling it again with the same VIPs changes nothing.
-func (h *host) applyVIPs(vips []netip.Addr) error {
-	vips = slices.Clone(vips)
+// the cluster's: it adds the missing ones (recorded first), adopts those
+// the record says a previous agent added, removes the agent's that are no
+// longer cluster VIPs, and leaves alone any VIP someone else put on lo. It
+// joins the igmp mode's groups, and a changed MAC mode re-announces every
+// VIP at its new MAC. Calling it again with the same set changes nothing.
+func (h *host) applyVIPs(set vipSet) error {
+	vips := slices.Clone(set.vips)
 	slices.SortFunc(vips, netip.Addr.Compare)
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
@@ -249,12 +257,25 @@ func (h *host) applyVIPs(vips []netip.Addr) error {
 	if len(added) > 0 && h.vips != nil {
 		h.log.Info("vips added to lo", "vips", added)
 	}
-	h.vips = vips
-	if h.arp != nil {
-		if err := h.arp.setVIPs(vips); err != nil {
+	if h.groups != nil {
+		if err := h.groups.set(h.ifindex, groupsOf(vipSet{vips, set.mode})); err != nil {
 			errs = append(errs, err)
 		}
-		if err := h.arp.announce(added); err != nil {
+	}
+	modeChanged := set.mode != h.mode
+	if modeChanged && h.vips != nil {
+		h.log.Info("mac mode changed: re-announcing every vip", "mode", set.mode, "was", h.mode)
+	}
+	h.vips, h.mode = vips, set.mode
+	if h.arp != nil {
+		if err := h.arp.setVIPs(vipSet{vips, set.mode}); err != nil {
+			errs = append(errs, err)
+		}
+		announce := added
+		if modeChanged {
+			announce = vips
+		}
+		if err := h.arp.announce(announce); err != nil {
 			h.log.Warn("gratuitous arp", "err", err)
 		}
 	}
@@ -308,7 +329,7 @@ func (h *host) openARP() error {
 	if err != nil {
 		return fmt.Errorf("cluster interface %s: %w", h.ifname, err)
 	}
-	a, err := listenARP(ifi, h.vips, h.MAC, h.arpLimit, h.arpStats)
+	a, err := listenARP(ifi, vipSet{h.vips, h.mode}, h.MAC, h.arpLimit, h.arpStats)
 	if err != nil {
 		return err
 	}
@@ -354,6 +375,12 @@ func (h *host) teardown() error {
 			errs = append(errs, fmt.Errorf("close ndp socket: %w", err))
 		}
 		h.ndp = nil
+	}
+	if h.groups != nil {
+		if err := h.groups.close(); err != nil {
+			errs = append(errs, fmt.Errorf("close igmp socket: %w", err))
+		}
+		h.groups = nil
 	}
 	if lo, err := netlink.LinkByName("lo"); err == nil {
 		for _, vip := range slices.Clone(h.rec.VIPs) {

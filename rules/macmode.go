@@ -53,12 +53,16 @@ func (m MACMode) String() string {
 }
 
 // ClusterMAC returns the MAC that a VIP resolves to in mode m. Only IPv4
-// VIPs have a group (IGMPGroup); any other address gets the multicast
-// mode's MAC of its last four bytes.
+// VIPs have a group (IGMPGroup): an IPv6 VIP gets the multicast mode's MAC
+// in either mode, 03:be and its last four bytes (03:be, not 03:bf, so it
+// never equals an IPv4 VIP's).
 func (m MACMode) ClusterMAC(vip netip.Addr) net.HardwareAddr {
-	a := vip.As16()
-	b := a[12:]
-	if m == MACIGMP && vip.Is4() {
+	if !vip.Is4() {
+		a := vip.As16()
+		return net.HardwareAddr{0x03, 0xbe, a[12], a[13], a[14], a[15]}
+	}
+	b := vip.As4()
+	if m == MACIGMP {
 		g := IGMPGroup(vip).As4()
 		// RFC 1112: 01:00:5e and the group's low 23 bits (239.255.x.y has
 		// 0x7f in the second byte once the top bit goes).

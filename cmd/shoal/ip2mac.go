@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/rules"
 )
 
 var ip2macCommand = &cli.Command{
@@ -18,8 +19,14 @@ var ip2macCommand = &cli.Command{
 	Description: "Routers that follow RFC 1812 ignore ARP replies that carry a multicast MAC, so\n" +
 		"the router in front of the cluster needs a static ARP entry for each VIP (a static\n" +
 		"neighbour entry for an IPv6 VIP). This prints it for Linux and common router\n" +
-		"syntaxes. An IPv4 VIP's cluster MAC is 03:bf and its four bytes; an IPv6 VIP's is\n" +
-		"03:be and its last four bytes.",
+		"syntaxes, in the cluster's MAC mode (--mac-mode; `shoal settings show` says which\n" +
+		"the cluster uses). In multicast mode an IPv4 VIP's cluster MAC is 03:bf and its\n" +
+		"four bytes, an IPv6 VIP's 03:be and its last four bytes. In igmp mode an IPv4\n" +
+		"VIP's is 01:00:5e:7f and its last two bytes, the MAC of the group 239.255.x.y\n" +
+		"every node joins (IPv6 VIPs keep their multicast-mode MAC: no MLD group yet).",
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "the cluster's MAC mode: multicast or igmp"},
+	},
 	Action: func(c *cli.Context) error {
 		arg, err := oneArg(c, "<vip>")
 		if err != nil {
@@ -29,16 +36,26 @@ var ip2macCommand = &cli.Command{
 		if err != nil || vip.Zone() != "" || vip.Is4In6() {
 			return usageError("ip2mac: %q is not an IPv4 or IPv6 address", arg)
 		}
-		printIP2MAC(c.App.Writer, vip)
+		mode, err := rules.ParseMACMode(c.String("mac-mode"))
+		if err != nil {
+			return usageError("ip2mac: --mac-mode %q: want multicast or igmp", c.String("mac-mode"))
+		}
+		printIP2MAC(c.App.Writer, vip, mode)
 		return nil
 	},
 }
 
-func printIP2MAC(w io.Writer, vip netip.Addr) {
-	mac := agent.ClusterMAC(vip)
+// printIP2MAC prints vip's cluster MAC in mode and the static ARP or
+// neighbour entry for it in Linux and common router syntaxes.
+func printIP2MAC(w io.Writer, vip netip.Addr, mode rules.MACMode) {
+	mac := agent.ClusterMAC(vip, mode)
 	dotted := strings.ReplaceAll(mac.String(), ":", "")
 	cisco := dotted[0:4] + "." + dotted[4:8] + "." + dotted[8:12]
-	fmt.Fprintf(w, "cluster MAC for %s: %s\n\n", vip, mac)
+	fmt.Fprintf(w, "cluster MAC for %s (%s mode): %s\n", vip, mode, mac)
+	if g := rules.IGMPGroup(vip); mode == rules.MACIGMP && g.IsValid() {
+		fmt.Fprintf(w, "igmp group every node joins: %s (the segment needs an IGMP querier)\n", g)
+	}
+	fmt.Fprintln(w)
 	if vip.Is6() {
 		fmt.Fprintf(w, "Linux:        ip -6 neigh replace %s lladdr %s nud permanent dev <ifname>\n", vip, mac)
 		fmt.Fprintf(w, "Cisco IOS:    ipv6 neighbor %s <interface> %s\n", vip, cisco)

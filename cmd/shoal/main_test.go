@@ -65,6 +65,14 @@ func TestIP2MAC(t *testing.T) {
 			t.Errorf("ip2mac %s: exit %d, want %d", bad, code, exitUsage)
 		}
 	}
+	out, code = run(t, "ip2mac", "--mac-mode", "igmp", "198.18.7.100")
+	if code != 0 || !strings.Contains(out, "01:00:5e:7f:07:64") || !strings.Contains(out, "group every node joins: 239.255.7.100") ||
+		!strings.Contains(out, "lladdr 01:00:5e:7f:07:64 nud permanent") {
+		t.Errorf("igmp mode: exit %d, output:\n%s", code, out)
+	}
+	if _, code := run(t, "ip2mac", "--mac-mode", "unicast", "198.18.7.100"); code != exitUsage {
+		t.Errorf("bad mode: exit %d, want %d", code, exitUsage)
+	}
 	if _, code := run(t, "ip2mac", "nonsense"); code != exitUsage {
 		t.Errorf("bad address: exit %d, want %d", code, exitUsage)
 	}

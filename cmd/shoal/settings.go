@@ -6,18 +6,19 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/rules"
 )
 
 var settingsCommand = &cli.Command{
 	Name:  "settings",
 	Usage: "show and change the cluster settings",
 	Description: "The cluster settings are replicated with the rules: the hash seed of the\n" +
-		"ownership function and the heartbeat period and tolerance.",
+		"ownership function, the heartbeat period and tolerance, and the MAC mode.",
 	Subcommands: []*cli.Command{
 		{
 			Name:        "show",
 			Usage:       "show the cluster settings",
-			Description: "Prints the cluster id, the hash seed and the heartbeat settings.",
+			Description: "Prints the cluster id, the hash seed, the heartbeat settings and the MAC mode.",
 			Flags:       []cli.Flag{jsonFlag},
 			Action: func(c *cli.Context) error {
 				var q agent.Query
@@ -36,11 +37,20 @@ var settingsCommand = &cli.Command{
 			Usage: "change cluster settings",
 			Description: "Changes the settings given, in one replicated command. A new hash seed\n" +
 				"maps every flow afresh: every node releases its buckets and their\n" +
-				"connections drain where they are, as for any move.",
+				"connections drain where they are, as for any move.\n\n" +
+				"--mac-mode picks the cluster MAC every VIP resolves to, as NLB's modes:\n" +
+				"multicast (03:bf and the VIP's four bytes; switches flood it to every\n" +
+				"port) or igmp (01:00:5e:7f and the VIP's last two bytes, the MAC of the\n" +
+				"group 239.255.x.y that every node joins, so an IGMP-snooping switch\n" +
+				"forwards the VIP's frames only to the nodes; the switch, or a router on\n" +
+				"the segment, must run an IGMP querier, or it ages the group out). Every\n" +
+				"node applies a change at once and re-announces the VIPs by gratuitous ARP;\n" +
+				"routers with static ARP entries need the new MAC (shoal ip2mac).",
 			Flags: []cli.Flag{
 				&cli.Uint64Flag{Name: "hash-seed", Usage: "the ownership hash's seed (0-4294967295)"},
 				&cli.DurationFlag{Name: "heartbeat-period", Usage: "one heartbeat per period (10ms-10s)"},
 				&cli.IntFlag{Name: "heartbeat-tolerance", Usage: "periods without a heartbeat before a peer is dead (2-100)"},
+				&cli.StringFlag{Name: "mac-mode", Usage: "the cluster MAC's mode: multicast or igmp"},
 			},
 			Action: func(c *cli.Context) error {
 				var req agent.SettingsRequest
@@ -59,8 +69,15 @@ var settingsCommand = &cli.Command{
 					tol := c.Int("heartbeat-tolerance")
 					req.HeartbeatTolerance = &tol
 				}
-				if req.HashSeed == nil && req.HeartbeatPeriod == "" && req.HeartbeatTolerance == nil {
-					return usageError("settings set: nothing to change; give --hash-seed, --heartbeat-period or --heartbeat-tolerance")
+				if c.IsSet("mac-mode") {
+					m, err := rules.ParseMACMode(c.String("mac-mode"))
+					if err != nil {
+						return usageError("settings set: --mac-mode %q: want multicast or igmp", c.String("mac-mode"))
+					}
+					req.MACMode = m.String()
+				}
+				if req.HashSeed == nil && req.HeartbeatPeriod == "" && req.HeartbeatTolerance == nil && req.MACMode == "" {
+					return usageError("settings set: nothing to change; give --hash-seed, --heartbeat-period, --heartbeat-tolerance or --mac-mode")
 				}
 				cl := client(c)
 				if err := cl.Do(c.Context, "POST", "/v1/settings", req, nil); err != nil {
@@ -78,6 +95,6 @@ var settingsCommand = &cli.Command{
 }
 
 func printSettings(c *cli.Context, s agent.SettingInfo) {
-	fmt.Fprintf(c.App.Writer, "cluster id %08x\nhash seed %d\nheartbeat period %s, tolerance %d\n",
-		s.ClusterID, s.HashSeed, s.HeartbeatPeriod, s.HeartbeatTolerance)
+	fmt.Fprintf(c.App.Writer, "cluster id %08x\nhash seed %d\nheartbeat period %s, tolerance %d\nmac mode %s\n",
+		s.ClusterID, s.HashSeed, s.HeartbeatPeriod, s.HeartbeatTolerance, s.MACMode)
 }

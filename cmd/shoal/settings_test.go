@@ -38,7 +38,7 @@ func (f *recordingAgent) start(t *testing.T) string {
 			json.Unmarshal(b, &req)
 			json.NewEncoder(w).Encode(agent.RuleInfo{ID: 1, VIP: "198.18.7.100", Ports: "80", Proto: "tcp", Mode: "multiple", Affinity: req.Affinity})
 		case r.URL.Path == "/v1/query":
-			json.NewEncoder(w).Encode(agent.Query{Settings: agent.SettingInfo{ClusterID: 0xabc, HashSeed: 42, HeartbeatPeriod: "75ms", HeartbeatTolerance: 12}})
+			json.NewEncoder(w).Encode(agent.Query{Settings: agent.SettingInfo{ClusterID: 0xabc, HashSeed: 42, HeartbeatPeriod: "75ms", HeartbeatTolerance: 12, MACMode: "igmp"}})
 		default:
 			w.WriteHeader(http.StatusNoContent)
 		}
@@ -66,6 +66,8 @@ func TestRulesSetAndSettings(t *testing.T) {
 		{"settings set heartbeat", []string{"settings", "set", "--heartbeat-period", "50ms", "--heartbeat-tolerance", "10"}, 0,
 			`POST /v1/settings {"heartbeat_period":"50ms","heartbeat_tolerance":10}`, "heartbeat period 75ms, tolerance 12"},
 		{"settings set nothing", []string{"settings", "set"}, exitUsage, "", "nothing to change"},
+		{"settings set mac mode", []string{"settings", "set", "--mac-mode", "igmp"}, 0, `POST /v1/settings {"mac_mode":"igmp"}`, "mac mode igmp"},
+		{"settings set bad mac mode", []string{"settings", "set", "--mac-mode", "unicast"}, exitUsage, "", "want multicast or igmp"},
 		{"settings seed too big", []string{"settings", "set", "--hash-seed", "4294967296"}, exitUsage, "", "over 4294967295"},
 		{"settings show", []string{"settings", "show"}, 0, "GET /v1/query", "cluster id 00000abc"},
 	}
