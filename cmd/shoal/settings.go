@@ -35,9 +35,10 @@ var settingsCommand = &cli.Command{
 		{
 			Name:  "set",
 			Usage: "change cluster settings",
-			Description: "Changes the settings given, in one replicated command. A new hash seed\n" +
-				"maps every flow afresh: every node releases its buckets and their\n" +
-				"connections drain where they are, as for any move.\n\n" +
+			Description: "Changes the settings given, in one replicated command (the MAC mode in\n" +
+				"one of its own, after it). A new hash seed maps every flow afresh: every\n" +
+				"node releases its buckets and their connections drain where they are, as\n" +
+				"for any move.\n\n" +
 				"--mac-mode picks the cluster MAC every VIP resolves to, as NLB's modes:\n" +
 				"multicast (03:bf and the VIP's four bytes; switches flood it to every\n" +
 				"port) or igmp (01:00:5e:7f and the VIP's last two bytes, the MAC of the\n" +

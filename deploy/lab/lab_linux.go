@@ -35,6 +35,15 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
+	switch o.MACMode {
+	case "", "multicast":
+	case "igmp":
+		if family != Family4 {
+			return nil, fmt.Errorf("lab: mac mode igmp needs --family 4 (igmp mode has groups for IPv4 VIPs only)")
+		}
+	default:
+		return nil, fmt.Errorf("lab: mac mode %q: want multicast or igmp", o.MACMode)
+	}
 	if o.Base == "" {
 		o.Base = DefaultBase
 	}
@@ -58,6 +67,10 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	}
 	st.Binary = o.Binary
 	st.Server = server
+	if o.MACMode == "igmp" {
+		st.MACMode = o.MACMode
+		st.Bystander = &Host{Name: "bystander", Namespace: st.ID + "-bystander", BridgePort: "p-bystander"}
+	}
 	st.Created = time.Now()
 	l = &Lab{State: *st, log: o.Log.With("lab", st.ID), ctl: Ctl{Binary: o.Binary}, waits: map[int]chan struct{}{}}
 	defer func() {
@@ -206,15 +219,24 @@ func (l *Lab) network(ctx context.Context) error {
 	if err := l.addNamespace(ctx, l.Switch); err != nil {
 		return err
 	}
-	// Snooping off: the bridge must flood frames to the cluster MAC to every
-	// port, whatever it learned of multicast groups.
-	if _, err := ip(ctx, "-n", l.Switch, "link", "add", Bridge, "type", "bridge", "mcast_snooping", "0"); err != nil {
+	// Multicast mode: snooping off, the bridge floods frames to the cluster
+	// MAC to every port, whatever it learned of multicast groups. Igmp
+	// mode: snooping and a querier on (see snoopingBridge).
+	bridge := []string{"-n", l.Switch, "link", "add", Bridge, "type", "bridge", "mcast_snooping", "0"}
+	if l.MACMode == "igmp" {
+		bridge = append(bridge[:len(bridge)-2], snoopingBridge...)
+	}
+	if _, err := ip(ctx, bridge...); err != nil {
 		return err
 	}
 	if _, err := ip(ctx, "-n", l.Switch, "link", "set", Bridge, "up"); err != nil {
 		return err
 	}
-	for _, h := range append([]Host{l.Client}, l.Nodes...) {
+	hosts := append([]Host{l.Client}, l.Nodes...)
+	if l.Bystander != nil {
+		hosts = append(hosts, *l.Bystander)
+	}
+	for _, h := range hosts {
 		if err := l.addNamespace(ctx, h.Namespace); err != nil {
 			return err
 		}
@@ -224,8 +246,13 @@ func (l *Lab) network(ctx context.Context) error {
 			{"-n", l.Switch, "link", "add", h.BridgePort, "type", "veth", "peer", "name", Interface, "netns", h.Namespace},
 			{"-n", l.Switch, "link", "set", h.BridgePort, "master", Bridge},
 			{"-n", l.Switch, "link", "set", h.BridgePort, "up"},
-			{"-n", h.Namespace, "addr", "add", h.Addr.String() + "/24", "dev", Interface},
 			{"-n", h.Namespace, "link", "set", Interface, "up"},
+		}
+		if h.Addr.IsValid() { // the bystander has none: it sends nothing
+			steps = append(steps, []string{"-n", h.Namespace, "addr", "add", h.Addr.String() + "/24", "dev", Interface})
+		}
+		if l.MACMode == "igmp" {
+			steps = append(steps, []string{"-n", l.Switch, "link", "set", h.BridgePort, "type", "bridge_slave", "mcast_router", "2"})
 		}
 		if h.Addr6.IsValid() {
 			steps = append(steps, []string{"-n", h.Namespace, "addr", "add", h.Addr6.String() + "/64", "dev", Interface, "nodad"})
@@ -391,6 +418,14 @@ func Poll(ctx context.Context, timeout, interval time.Duration, check func() err
 func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 	if err := l.waitConverged(ctx, l.Nodes, timeout); err != nil {
 		return err
+	}
+	if l.MACMode == "igmp" {
+		if _, err := l.ctl.Run(ctx, l.Nodes[0].Socket, "settings", "set", "--mac-mode", "igmp"); err != nil {
+			return fmt.Errorf("lab: igmp mode: %w", err)
+		}
+		if err := Poll(ctx, timeout, 50*time.Millisecond, func() error { return l.SnoopByMAC(ctx) }); err != nil {
+			return fmt.Errorf("lab: igmp mode: %w", err)
+		}
 	}
 	for _, vip := range l.VIPs() {
 		if err := l.ctl.AddRule(ctx, l.Nodes[0].Socket, vip.String(), HTTPPort); err != nil {

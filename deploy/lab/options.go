@@ -24,6 +24,11 @@ type Options struct {
 	// KeepOnFailure leaves a lab that failed to come up in place (for its
 	// logs); remove it with Down.
 	KeepOnFailure bool
+	// MACMode "igmp" builds the switch with IGMP snooping and a querier,
+	// adds a bystander namespace on it, and sets the cluster's MAC mode to
+	// igmp before the port rule (see SnoopByMAC); "" or "multicast": the
+	// flooding switch of NLB's multicast mode.
+	MACMode string
 	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger // discards if nil

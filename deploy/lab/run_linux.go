@@ -38,7 +38,7 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	if err != nil {
 		return nil, err
 	}
-	rep = &Report{Lab: l.ID, Nodes: len(l.Nodes), Family: string(l.Family), VIP: l.VIP.String(), ClusterMAC: ClusterMAC(l.VIP), FailoverMS: -1}
+	rep = &Report{Lab: l.ID, Nodes: len(l.Nodes), Family: string(l.Family), VIP: l.VIP.String(), ClusterMAC: l.State.ClusterMAC(), FailoverMS: -1}
 	others := l.VIPs()[1:] // the IPv6 VIP of a dual lab: the same traffic, at the same time
 	for _, v := range others {
 		rep.Also = append(rep.Also, VIPReport{VIP: v.String(), ClusterMAC: ClusterMAC(v)})

@@ -43,7 +43,7 @@ const (
 var idPattern = regexp.MustCompile(`^shl[0-9a-f]{4}$`)
 
 // nsPattern matches the namespaces labs create and captures the lab id.
-var nsPattern = regexp.MustCompile(`^(shl[0-9a-f]{4})-(sw|client|node[0-9]+)$`)
+var nsPattern = regexp.MustCompile(`^(shl[0-9a-f]{4})-(sw|client|bystander|node[0-9]+)$`)
 
 // ErrBadID is returned for a lab id that is not one of ours.
 var ErrBadID = errors.New("lab: not a lab id (want shl + 4 hex digits)")
@@ -66,7 +66,12 @@ type State struct {
 	Switch string     `json:"switch_ns"`
 	Client Host       `json:"client"`
 	Nodes  []Host     `json:"nodes"`
-	Binary string     `json:"binary"` // the shoal binary the processes run
+	// MACMode is the cluster's MAC mode the lab was built for; in igmp
+	// mode the switch snoops IGMP and Bystander (no agent, no address)
+	// sits on it to count what reaches a port that joined nothing.
+	MACMode   string `json:"mac_mode,omitempty"`
+	Bystander *Host  `json:"bystander,omitempty"`
+	Binary    string `json:"binary"` // the shoal binary the processes run
 	// Namespaces lists the namespaces in creation order; a name is recorded
 	// before it is created.
 	Namespaces []string `json:"namespaces"`
@@ -254,10 +259,13 @@ func LoadState(base, id string) (*State, error) {
 	return &s, nil
 }
 
-// HostByName returns the node or client called name.
+// HostByName returns the node, client or bystander called name.
 func (s *State) HostByName(name string) (Host, bool) {
 	if name == s.Client.Name {
 		return s.Client, true
+	}
+	if s.Bystander != nil && name == s.Bystander.Name {
+		return *s.Bystander, true
 	}
 	for _, n := range s.Nodes {
 		if n.Name == name {
@@ -337,6 +345,26 @@ func ClusterMAC(vip netip.Addr) string {
 	b := vip.As16()
 	return fmt.Sprintf("03:be:%02x:%02x:%02x:%02x", b[12], b[13], b[14], b[15])
 }
+
+// ClusterMACIn is the MAC a VIP resolves to in the cluster's MAC mode: in
+// igmp mode 01:00:5e:7f and the VIP's last two bytes, the MAC of the group
+// 239.255.x.y the nodes join (IGMPGroup).
+func ClusterMACIn(mode string, vip netip.Addr) string {
+	if mode != "igmp" || !vip.Is4() {
+		return ClusterMAC(vip)
+	}
+	b := vip.As4()
+	return fmt.Sprintf("01:00:5e:7f:%02x:%02x", b[2], b[3])
+}
+
+// IGMPGroup is the group the nodes join for vip in igmp mode.
+func IGMPGroup(vip netip.Addr) netip.Addr {
+	b := vip.As4()
+	return netip.AddrFrom4([4]byte{239, 255, b[2], b[3]})
+}
+
+// ClusterMAC returns the MAC the lab's VIP resolves to in its MAC mode.
+func (s *State) ClusterMAC() string { return ClusterMACIn(s.MACMode, s.VIP) }
 
 // labOfNamespace returns the lab id a namespace name belongs to, if any.
 func labOfNamespace(ns string) (string, bool) {

@@ -321,3 +321,19 @@ func TestLineWatch(t *testing.T) {
 	w2 := &lineWatch{line: LoadStarted, then: func() { t.Error("called for a prefix") }}
 	w2.Write([]byte("lab load: started later\n"))
 }
+
+func TestParseMDB(t *testing.T) {
+	out := []byte(`[{"mdb":[{"index":3,"dev":"br0","port":"p-node2","grp":"239.255.7.100","state":"temp"},` +
+		`{"index":2,"dev":"br0","port":"p-node1","grp":"239.255.7.100","state":"temp"},` +
+		`{"index":4,"dev":"br0","port":"p-client","grp":"ff02::1:ff00:1","state":"temp"}],"router":{}}]`)
+	ports, err := parseMDB(out, "239.255.7.100")
+	if err != nil || strings.Join(ports, ",") != "p-node1,p-node2" {
+		t.Errorf("parseMDB = %v, %v", ports, err)
+	}
+	if _, err := parseMDB([]byte("not json"), "239.255.7.100"); err == nil {
+		t.Error("parseMDB accepted junk")
+	}
+	if got := ClusterMACIn("igmp", netip.MustParseAddr("198.18.7.100")); got != "01:00:5e:7f:07:64" {
+		t.Errorf("ClusterMACIn(igmp) = %s", got)
+	}
+}
