@@ -51,8 +51,10 @@ func TestIGMPModeBystander(t *testing.T) {
 		}); err != nil {
 			t.Fatalf("%s mode: %v", mode, err)
 		}
-		by := countVIPFrames(t, l, l.Bystander.Namespace, l.VIP)
+		// The client's capture starts first and stops last: every frame it
+		// counts went out while the bystander's capture ran.
 		cl := countVIPFrames(t, l, l.Client.Namespace, l.VIP)
+		by := countVIPFrames(t, l, l.Bystander.Namespace, l.VIP)
 		res, err := l.Load(ctx, LoadArgs{Duration: 2 * time.Second, Concurrency: 4}, nil)
 		if err != nil {
 			t.Fatalf("%s mode: load: %v", mode, err)
@@ -77,7 +79,7 @@ func TestIGMPModeBystander(t *testing.T) {
 		t.Fatal(err)
 	}
 	by, sent = phase("multicast")
-	if sent == 0 || by != sent {
+	if sent == 0 || by < sent {
 		t.Errorf("multicast mode: the bystander received %d of the client's %d VIP frames, want them all", by, sent)
 	}
 }
