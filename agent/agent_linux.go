@@ -35,6 +35,11 @@ type Agent struct {
 	// alive from then on, unless its plug is pulled.
 	running atomic.Pointer[node]
 	link    *heartbeat.Transport // the node's; kept for key reloads
+	xdp     *filter.XDP
+	// restartArm is set by `shoal restart`; restarting once the node
+	// stopped for a restart (teardown then leaves the host as it is).
+	restartArm restartArm
+	restarting bool
 	// flowOwners caches assignments for `shoal query --flow`.
 	flowOwners ownersCache
 }
@@ -105,18 +110,24 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	if err != nil {
 		return err
 	}
-	cleanup(h.teardown)
+	cleanup(func() error {
+		if a.restarting {
+			return h.leave()
+		}
+		return h.teardown()
+	})
 	a.host = h
-	xdp, err := filter.LoadXDP()
+	xdp, dp, inherit, err := a.startFromRestart(h)
 	if err != nil {
-		return fmt.Errorf("load xdp: %w", err)
+		return err
 	}
-	cleanup(xdp.Close)
-	dp := h.trackMAC(xdp)
-	// Accept nothing until the cluster has converged.
-	if err := dp.Update(filter.NewTables(a.store.State().FilterConfig(), a.self, nil, nil, nil), h.MAC()); err != nil {
-		return fmt.Errorf("xdp tables: %w", err)
-	}
+	a.xdp = xdp
+	cleanup(func() error {
+		if a.restarting {
+			return xdp.Release()
+		}
+		return xdp.Close()
+	})
 	if err := h.attachXDP(xdp); err != nil {
 		return fmt.Errorf("attach xdp to %s: %w", cfg.Interface, err)
 	}
@@ -133,8 +144,12 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		return fmt.Errorf("heartbeat socket: %w", err)
 	}
 	a.hc = newHealthChecker(cfg.Health)
+	if inherit != nil && inherit.healthy {
+		a.hc.assumeHealthy()
+	}
 	a.node, err = newNode(nodeConfig{
-		Self: a.self, Log: log, Link: link, Rules: a.store,
+		Inherit: inherit,
+		Self:    a.self, Log: log, Link: link, Rules: a.store,
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
 		Dataplane:   dp, MAC: h.MAC, Scan: scanConns, Health: a.healthy, RenewLease: xdp.RenewLease,
 		OnRules: func(st *rules.State) {
@@ -219,6 +234,12 @@ func (a *Agent) runNode(ctx context.Context) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
+	}
+	if window, ok := a.restartArm.take(time.Now()); ok {
+		stopped, err := a.stopForRestart(window, func() error { stop(); return <-done })
+		if stopped {
+			return err
+		}
 	}
 	hctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
 	start := time.Now()

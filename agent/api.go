@@ -30,6 +30,7 @@ type control interface {
 	setPriority(ctx context.Context, req PriorityRequest) error
 	leave(ctx context.Context) error
 	plug(ctx context.Context, req PlugRequest) error
+	restart(ctx context.Context, req RestartRequest) (RestartArmed, error)
 	simulate(client, to netip.AddrPort, proto string) (Simulation, error)
 	flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (Flow, error)
 }
@@ -109,6 +110,18 @@ func controlHandler(c control) http.Handler {
 	mux.HandleFunc("POST /v1/weight", handle(c.setWeight))
 	mux.HandleFunc("POST /v1/priority", handle(c.setPriority))
 	mux.HandleFunc("POST /v1/plug", handle(c.plug))
+	mux.HandleFunc("POST /v1/restart", func(w http.ResponseWriter, r *http.Request) {
+		var req RestartRequest
+		if !decode(w, r, &req) {
+			return
+		}
+		armed, err := c.restart(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, armed)
+	})
 	mux.HandleFunc("POST /v1/leave", func(w http.ResponseWriter, r *http.Request) {
 		if err := c.leave(r.Context()); err != nil {
 			writeError(w, err)

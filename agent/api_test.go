@@ -59,6 +59,10 @@ func (f *fakeControl) flow(_ context.Context, c, to netip.AddrPort, proto filter
 }
 func (f *fakeControl) leave(context.Context) error                 { return f.err }
 func (f *fakeControl) plug(_ context.Context, r PlugRequest) error { f.last = r; return f.err }
+func (f *fakeControl) restart(_ context.Context, r RestartRequest) (RestartArmed, error) {
+	f.last = r
+	return RestartArmed{Window: r.Window}, f.err
+}
 
 func TestControlAPI(t *testing.T) {
 	tests := []struct {
@@ -91,6 +95,8 @@ func TestControlAPI(t *testing.T) {
 		{"flow", "GET", "/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:80/tcp", "", nil, 200, `"owner":"n3"`},
 		{"flow here only", "GET", "/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:53/udp&peers=0", "", nil, 200, `"owner":"n3"`},
 		{"flow bad target", "GET", "/v1/flow?client=198.18.0.1:4000&to=198.18.0.100:80/sctp", "", nil, 400, "the protocol is tcp or udp"},
+		{"restart armed", "POST", "/v1/restart", `{"window":5000000000}`, nil, 200, `"window":5000000000`},
+		{"restart bad window", "POST", "/v1/restart", `{"window":"x"}`, nil, 400, "bad request body"},
 		{"simulate bad", "GET", "/v1/simulate?client=x&to=198.18.0.100:80", "", nil, 400, "want client=IP:PORT"},
 	}
 	for _, tc := range tests {

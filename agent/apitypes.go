@@ -183,6 +183,17 @@ type (
 		Pulled       bool          `json:"pulled"`
 		RestoreAfter time.Duration `json:"restore_after,omitempty"`
 	}
+	// RestartRequest arms a hitless restart: the agent's next stop (within
+	// a minute) keeps its data plane and announces a restart window of
+	// Window (default and at most 10 s) instead of handing off.
+	RestartRequest struct {
+		Window time.Duration `json:"window,omitempty"`
+	}
+	// RestartArmed answers a RestartRequest.
+	RestartArmed struct {
+		Window time.Duration `json:"window"`
+		Until  time.Time     `json:"until"` // a stop after this is a graceful stop again
+	}
 	// APIError is the body of every error response.
 	APIError struct {
 		Error string `json:"error"`

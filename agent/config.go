@@ -48,6 +48,10 @@ type Config struct {
 	// Drills enables the drill endpoint of the peer API (pulling this
 	// node's virtual plug from `shoal drill`); off by default.
 	Drills bool `yaml:"drills"`
+	// PinDir is where the data plane is pinned across a restart (`shoal
+	// restart`), on a bpf filesystem; empty: /sys/fs/bpf/shoal/<a hash of
+	// data_dir>, distinct for every node on one kernel.
+	PinDir string `yaml:"pin_dir"`
 
 	// Reread, if set, reads the configuration again from where it came
 	// from (file, environment, flags). A key reload takes key_file and
@@ -190,6 +194,7 @@ func (c *Config) fields() []field {
 		{"peer_addr", str(&c.PeerAddr)},
 		{"socket", str(&c.Socket)},
 		{"metrics_addr", str(&c.MetricsAddr)},
+		{"pin_dir", str(&c.PinDir)},
 		{"bootstrap", func(v string) error {
 			b, err := strconv.ParseBool(v)
 			c.Bootstrap = b

@@ -55,6 +55,7 @@ type reconciler struct {
 	pushedGen   uint64
 	pushedMAC   string
 	pushedView  heartbeat.View
+	pushedSnap  *memberSnap // the snapshot the kernel's tables came from
 	last        plan
 	tablesIndex uint64
 	healthy     bool
@@ -142,8 +143,14 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		r.scannedView = s.hb.View
 	}
 	admin := s.admin
-	p := planTables(s.fcfg, r.self, admin, s.plugged, s.hb.Accept.get().Buckets,
-		peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining), r.held.set)
+	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
+	if s.hb.Inheriting {
+		// The previous agent's set, from before the peers are heard: keep
+		// only what means the same flows under these rules, and its
+		// peers' connections dirty.
+		accept, dirty = accept.Intersect(everything(s.fcfg)), union(dirty, s.inheritedDirty)
+	}
+	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, r.held.set)
 	if err := r.dp.Update(p.tables, mac); err != nil {
 		r.refused(now, s, err)
 		return r.wakeIn(now)
@@ -157,6 +164,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	}
 	viewChanged := !s.hb.View.Equal(r.pushedView)
 	r.last, r.pushedGen, r.pushedView, r.tablesIndex, r.heldFresh = p, s.gen, s.hb.View, s.rs.Index, false
+	r.pushedSnap = s
 	r.pushedMAC = string(mac)
 	if poll := p.draining.Count() > 0; poll != r.polling {
 		r.polling = poll
@@ -234,6 +242,23 @@ func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSn
 		}
 		r.log.Info("drain finished: node stopped")
 	}()
+}
+
+// kernel returns what the tables in the kernel were computed from; call it
+// only once run has returned.
+func (r *reconciler) kernel() kernelState {
+	s := r.pushedSnap
+	if s == nil {
+		return kernelState{}
+	}
+	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
+	if s.hb.Inheriting {
+		accept, dirty = accept.Intersect(everything(s.fcfg)), union(dirty, s.inheritedDirty)
+	}
+	if s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended {
+		accept = filter.Grant{Buckets: filter.Set{}, Maps: accept.Maps}
+	}
+	return kernelState{ok: true, accept: accept, peersDraining: dirty, draining: r.last.draining, healthy: s.healthy}
 }
 
 func (r *reconciler) poke() {

@@ -93,12 +93,21 @@ func newHealthChecker(cfg HealthConfig) *healthChecker {
 	return hc
 }
 
+// assumeHealthy starts the checker healthy (a restarted agent whose
+// predecessor last saw the application healthy): Fall failed probes make
+// it sick, as for any healthy node. Call before run.
+func (hc *healthChecker) assumeHealthy() {
+	hc.healthy.Store(true)
+	hc.lastErr.Store("")
+}
+
 // run probes every interval until ctx ends, calling changed on each flip.
 func (hc *healthChecker) run(ctx context.Context, changed func(healthy bool)) {
 	if hc.probe == nil {
 		return
 	}
 	st := newHealthState(hc.cfg.Rise, hc.cfg.Fall)
+	st.healthy = hc.healthy.Load()
 	t := time.NewTicker(hc.cfg.Interval)
 	defer t.Stop()
 	for {

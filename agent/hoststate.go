@@ -26,6 +26,13 @@ type hostRecord struct {
 	Sysctls []sysctlOriginal `json:"sysctls,omitempty"`
 	// VIPs are the addresses the agent put on lo (sorted).
 	VIPs []netip.Addr `json:"vips_on_lo,omitempty"`
+	// MACs are cluster MACs the agent added to the interface's multicast
+	// list for the time of a restart (the ARP socket's memberships end
+	// with it); the next agent removes them once its socket holds them.
+	MACs []string `json:"multicast,omitempty"`
+	// Restart is what an agent that stopped for a restart left for the
+	// next one: the pinned data plane and the state its tables hold.
+	Restart *restartRecord `json:"restart,omitempty"`
 }
 
 type sysctlOriginal struct {
@@ -118,8 +125,22 @@ func (r *hostRecord) dropVIP(vip netip.Addr) error {
 	return r.save()
 }
 
+// setMACs records the cluster MACs joined for a restart and saves.
+func (r *hostRecord) setMACs(macs []string) error {
+	r.MACs = slices.Clone(macs)
+	return r.save()
+}
+
+// setRestart records (or, nil, forgets) a restart and saves.
+func (r *hostRecord) setRestart(rr *restartRecord) error {
+	r.Restart = rr
+	return r.save()
+}
+
 // empty reports whether the agent has nothing left to undo.
-func (r *hostRecord) empty() bool { return len(r.Sysctls) == 0 && len(r.VIPs) == 0 }
+func (r *hostRecord) empty() bool {
+	return len(r.Sysctls) == 0 && len(r.VIPs) == 0 && len(r.MACs) == 0 && r.Restart == nil
+}
 
 // save writes the record atomically: a crash leaves the old record or the
 // new one, never a part. An empty record removes the file.

@@ -56,6 +56,13 @@ func (m macTracker) Update(t *filter.Tables, ifMAC net.HardwareAddr) error {
 	return nil
 }
 
+// adoptMAC tells the host which MAC adopted tables rewrite to (they were
+// not pushed by this process).
+func (h *host) adoptMAC(mac net.HardwareAddr) {
+	mac = slices.Clone(mac)
+	h.pushed.Store(&mac)
+}
+
 // start runs the host's goroutine until ctx ends or stop is called: it
 // watches the cluster interface (netlink) and re-arms what a link event
 // broke: the ARP and NDP responders after a failed read (a link down and up), the

@@ -44,24 +44,28 @@ type membership struct {
 	wake    chan struct{}        // health changed
 
 	// Owned by the goroutine (or by the caller before run starts).
-	machine   *heartbeat.Machine[*lazySet]
-	rs        *rules.State
-	cfgs      map[uint64]*filter.Config // by rules index: owned(v) uses v's rules
-	assigner  *sharedAssigner
-	plugged   bool
-	leaving   bool             // a graceful stop: advertise stopped, hand off
-	handoffs  []chan struct{}  // closed once every live peer's view leaves this node out
-	inKernel  pushReport       // the last successful push
-	dpHealthy bool             // the data plane accepts our tables
-	leaseErr  bool             // the last lease renewal failed (logged once)
-	lastSent  time.Time        // when any heartbeat last went out
-	peers     []netip.AddrPort // heartbeat addresses of the other registered nodes
-	gen       uint64           // of the last published memberSnap
-	published uint64           // machine version last published
-	snap      atomic.Pointer[memberSnap]
-	toDP      *mailbox[*memberSnap] // to the data plane
-	probes    *prober               // probes suspects; nil: none (tests)
-	timing    heartbeat.Config      // the machine's timing last seen (logged when it changes)
+	machine      *heartbeat.Machine[*lazySet]
+	rs           *rules.State
+	cfgs         map[uint64]*filter.Config // by rules index: owned(v) uses v's rules
+	inheritDirty filter.Set                // see memberSnap.inheritedDirty
+	assigner     *sharedAssigner
+	plugged      bool
+	leaving      bool             // a graceful stop: advertise stopped, hand off
+	handoffs     []chan struct{}  // closed once every live peer's view leaves this node out
+	inherit      *inheritance     // what the previous agent left, for the first machine; then nil
+	restartW     time.Duration    // a restart window announced (0: none)
+	restarts     []chan struct{}  // closed once every live peer acknowledged the window
+	inKernel     pushReport       // the last successful push
+	dpHealthy    bool             // the data plane accepts our tables
+	leaseErr     bool             // the last lease renewal failed (logged once)
+	lastSent     time.Time        // when any heartbeat last went out
+	peers        []netip.AddrPort // heartbeat addresses of the other registered nodes
+	gen          uint64           // of the last published memberSnap
+	published    uint64           // machine version last published
+	snap         atomic.Pointer[memberSnap]
+	toDP         *mailbox[*memberSnap] // to the data plane
+	probes       *prober               // probes suspects; nil: none (tests)
+	timing       heartbeat.Config      // the machine's timing last seen (logged when it changes)
 }
 
 // hbLink is what membership needs of the heartbeat transport.
@@ -89,6 +93,10 @@ type memberSnap struct {
 	healthy    bool             // what the machine was told
 	plugged    bool
 	leaving    bool
+	// inheritedDirty: while the machine inherits (hb.Inheriting), the
+	// buckets other nodes held connections in when the previous agent
+	// stopped; its peers are not all heard yet.
+	inheritedDirty filter.Set
 }
 
 // pushReport is the data plane's answer to a memberSnap.
@@ -141,6 +149,13 @@ func (m *membership) newMachine(now time.Time) error {
 	m.machine = mc
 	m.timing = mc.Config()
 	m.applyRules(now, st)
+	if in := m.inherit; in != nil {
+		m.inherit = nil
+		g := in.accept
+		mc.Inherit(now, &lazySet{f: func() filter.Grant { return g }}, in.until)
+		m.inheritDirty = in.peersDraining
+		m.log.Info("inherited the accepting set of the agent before this restart", "buckets", g.Buckets.Count(), "until", in.until.Format(time.RFC3339Nano))
+	}
 	return nil
 }
 
@@ -216,7 +231,7 @@ func (m *membership) admin() rules.AdminState {
 func (m *membership) setLocal(now time.Time) {
 	m.machine.SetLocal(now, heartbeat.Local{
 		Admin: adminToHeartbeat(m.replicatedAdmin()), Healthy: m.health() && m.dpHealthy, Leaving: m.leaving,
-		RulesIndex: m.rs.Index, Seed: m.rs.Settings.HashSeed,
+		RulesIndex: m.rs.Index, Seed: m.rs.Settings.HashSeed, RestartWindow: m.restartW,
 		Draining: m.inKernel.draining,
 		Counters: heartbeat.Counters{Connections: uint64(m.inKernel.conns)},
 	})
@@ -239,6 +254,9 @@ func (m *membership) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			for _, h := range m.handoffs {
+				close(h)
+			}
+			for _, h := range m.restarts {
 				close(h)
 			}
 			return
@@ -295,6 +313,7 @@ func (m *membership) step(now time.Time) time.Time {
 		m.timing = c
 	}
 	m.publish()
+	m.checkRestart()
 	period := m.machine.Config().Period
 	due := m.machine.NextSend()
 	pushed := m.pushed()
@@ -337,11 +356,30 @@ func (m *membership) send(now time.Time, pushed bool) {
 	// Every heartbeat renews the data plane's lease: if this goroutine
 	// stalls, the node stops taking new connections (after T-1 periods)
 	// before its peers declare it dead (T periods) and take over.
-	err := m.renew(m.machine.LeaseLength(now))
+	if m.machine.Inheriting() {
+		// The tables hold what the previous agent left, which the peers
+		// keep for it only until its restart window ends: the lease it
+		// set ends first, and is not extended.
+		return
+	}
+	err := m.renew(m.leaseLength(now))
 	if err != nil && !m.leaseErr {
 		m.log.Error("renew xdp lease; owned buckets will drain when it ends", "err", err)
 	}
 	m.leaseErr = err != nil
+}
+
+// leaseLength is the machine's lease (T-1 periods, see
+// heartbeat.Machine.LeaseLength) or, while a restart window is announced, a
+// period less than the window, so that the data plane stops taking new
+// connections before any peer's window ends (each peer counts it from a
+// heartbeat sent after the renewal before it).
+func (m *membership) leaseLength(now time.Time) time.Duration {
+	if m.restartW > 0 {
+		p := m.machine.Config().Period
+		return max(m.restartW-p, p)
+	}
+	return m.machine.LeaseLength(now)
 }
 
 // readvertise returns fresh with every field that peers act on when they
@@ -372,6 +410,11 @@ func (m *membership) publish() {
 	m.gen++
 	s := &memberSnap{gen: m.gen, rs: m.rs, fcfg: m.cfgs[m.rs.Index], hb: m.machine.Status(),
 		admin: m.admin(), replicated: m.replicatedAdmin(), healthy: healthy, plugged: m.plugged, leaving: m.leaving}
+	if s.hb.Inheriting {
+		s.inheritedDirty = m.inheritDirty
+	} else {
+		m.inheritDirty = nil
+	}
 	if s.fcfg == nil || s.hb.View.RulesIndex != m.rs.Index {
 		// Not reachable: setLocal gave the machine rs.Index, so its view
 		// carries it. Never hand the data plane a view with other rules.
@@ -387,11 +430,38 @@ func (m *membership) publish() {
 func (m *membership) handoff(ctx context.Context) (<-chan struct{}, error) {
 	done := make(chan struct{})
 	err := m.do(ctx, func() {
-		m.leaving = true
+		m.leaving, m.restartW = true, 0
 		m.handoffs = append(m.handoffs, done)
 	})
 	return done, err
 }
+
+// announceRestart starts a stop for a restart: the node announces a
+// restart window in its heartbeats (and its lease covers it, see
+// leaseLength), and the returned channel is closed once every live peer
+// acknowledges a heartbeat that carried it.
+func (m *membership) announceRestart(ctx context.Context, window time.Duration) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	err := m.do(ctx, func() {
+		m.restartW = min(window, heartbeat.MaxRestartWindow)
+		m.restarts = append(m.restarts, done)
+	})
+	return done, err
+}
+
+func (m *membership) checkRestart() {
+	if len(m.restarts) == 0 || !m.machine.RestartAcked() {
+		return
+	}
+	for _, h := range m.restarts {
+		close(h)
+	}
+	m.restarts = nil
+}
+
+// machinePeriod is the heartbeat period in use; call it only once run has
+// returned.
+func (m *membership) machinePeriod() time.Duration { return m.machine.Config().Period }
 
 func (m *membership) checkHandoff() {
 	if len(m.handoffs) == 0 || !m.pushed() {

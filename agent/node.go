@@ -48,6 +48,9 @@ type nodeConfig struct {
 	Finish     func(ctx context.Context) error // propose this node stopped once a drain ends
 	Announce   func()                          // gratuitous ARP after a view change
 	Probe      probeCheck                      // asks a suspect's peer API if it is alive; nil: no probes
+	// Inherit, after a restart, is what the previous agent's tables held:
+	// the first machine starts from it (see restart.go).
+	Inherit *inheritance
 }
 
 func newNode(c nodeConfig) (*node, error) {
@@ -64,6 +67,7 @@ func newNode(c nodeConfig) (*node, error) {
 	if c.Probe != nil {
 		mem.probes = newProber(c.Probe)
 	}
+	mem.inherit = c.Inherit
 	if err := mem.start(mem.now()); err != nil {
 		return nil, err
 	}
@@ -118,6 +122,21 @@ func (n *node) run(ctx context.Context) error {
 // It reports whether the handoff completed.
 func (n *node) handoff(ctx context.Context) bool {
 	done, err := n.mem.handoff(ctx)
+	if err != nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// announceRestart announces a restart window and waits until every live
+// peer has heard it, or ctx ends. It reports whether they all heard it.
+func (n *node) announceRestart(ctx context.Context, window time.Duration) bool {
+	done, err := n.mem.announceRestart(ctx, window)
 	if err != nil {
 		return false
 	}

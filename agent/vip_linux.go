@@ -139,6 +139,9 @@ func setupHost(cfg hostConfig) (h *host, err error) {
 	if err := h.openNDP(); err != nil {
 		return h, err
 	}
+	if err := h.dropRestartMACs(); err != nil {
+		log.Warn("cluster macs kept for a restart", "err", err)
+	}
 	return h, nil
 }
 
@@ -360,28 +363,7 @@ func (h *host) MAC() net.HardwareAddr { return *h.mac.Load() }
 // sysctls it changed; with nothing left to undo, the record goes too.
 // drop_unicast_in_l2_multicast stays set (see sysctls).
 func (h *host) teardown() error {
-	var errs []error
-	if err := h.stop(); err != nil {
-		errs = append(errs, err)
-	}
-	if h.arp != nil {
-		if err := h.arp.close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, fmt.Errorf("close arp socket: %w", err))
-		}
-		h.arp = nil
-	}
-	if h.ndp != nil {
-		if err := h.ndp.close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, fmt.Errorf("close ndp socket: %w", err))
-		}
-		h.ndp = nil
-	}
-	if h.groups != nil {
-		if err := h.groups.close(); err != nil {
-			errs = append(errs, fmt.Errorf("close igmp socket: %w", err))
-		}
-		h.groups = nil
-	}
+	errs := []error{h.closeSockets()}
 	if lo, err := netlink.LinkByName("lo"); err == nil {
 		for _, vip := range slices.Clone(h.rec.VIPs) {
 			if err := removeVIP(lo, vip); err != nil {
@@ -405,6 +387,35 @@ func (h *host) teardown() error {
 		if err := h.rec.dropSysctl(s.Path); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// closeSockets stops the host's goroutine and closes the ARP responder
+// (leaving the cluster MACs), the NDP responder and the igmp mode's group
+// socket (leaving the groups).
+func (h *host) closeSockets() error {
+	var errs []error
+	if err := h.stop(); err != nil {
+		errs = append(errs, err)
+	}
+	if h.arp != nil {
+		if err := h.arp.close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close arp socket: %w", err))
+		}
+		h.arp = nil
+	}
+	if h.ndp != nil {
+		if err := h.ndp.close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close ndp socket: %w", err))
+		}
+		h.ndp = nil
+	}
+	if h.groups != nil {
+		if err := h.groups.close(); err != nil {
+			errs = append(errs, fmt.Errorf("close igmp socket: %w", err))
+		}
+		h.groups = nil
 	}
 	return errors.Join(errs...)
 }

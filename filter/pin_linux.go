@@ -39,18 +39,6 @@ const (
 // xdpAttachedDrv is IFLA_XDP_ATTACHED's value for a program in the driver.
 const xdpAttachedDrv = 1
 
-// Pinned is what Pin returns beside the pins and LoadPinnedXDP needs to
-// adopt them: which program they belong to and what the loader knew of its
-// tables. It is JSON, for the caller to keep across the restart.
-type Pinned struct {
-	Program string            `json:"program"` // programStamp of the pinning binary
-	Mode    AttachMode        `json:"mode"`
-	Version uint32            `json:"version"`
-	Slots   map[RuleID]uint32 `json:"slots"`
-	VIPDir  [2][]uint32       `json:"vip_dir"`
-	VIP6Dir [2][]uint32       `json:"vip6_dir"` // the IPv6 VIP directory's entries in use
-}
-
 // programStamp names the embedded program: pinned tables are adopted only
 // by a binary with the same program (and so the same table layout and
 // meaning); another one loads fresh tables and takes over the link.
@@ -123,7 +111,7 @@ func LoadPinnedXDP(dir string, rec *Pinned) (*XDP, Adoption, error) {
 		old.Unpin()
 		x.pending = old
 		if rec != nil {
-			x.pendingMode = rec.Mode
+			x.pendingMode = AttachMode(rec.Mode)
 		}
 	}
 	return x, ad, nil
@@ -218,17 +206,17 @@ func (x *XDP) leaseLeft() time.Duration {
 
 // Pin pins the program, its link and its tables in dir (on a bpf
 // filesystem, mounted at /sys/fs/bpf if it is not), for the next agent to
-// adopt (LoadPinnedXDP, given the Pinned returned). Call Release next,
-// instead of Close. On error nothing stays pinned.
-func (x *XDP) Pin(dir string) (_ *Pinned, err error) {
+// adopt (LoadPinnedXDP, given what Pinned returns after the last Update).
+// Call Release next, instead of Close. On error nothing stays pinned.
+func (x *XDP) Pin(dir string) (err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.link == nil {
-		return nil, errors.New("pin xdp: not attached")
+		return errors.New("pin xdp: not attached")
 	}
 	removePins(dir)
 	if err := mountBPF(dir); err != nil {
-		return nil, fmt.Errorf("pin xdp: %w", err)
+		return fmt.Errorf("pin xdp: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -239,19 +227,27 @@ func (x *XDP) Pin(dir string) (_ *Pinned, err error) {
 	}()
 	for name, m := range mapFields(&x.objs.shoalMaps) {
 		if err := (*m).Pin(filepath.Join(dir, name)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := x.objs.ShoalXdp.Pin(filepath.Join(dir, pinProg)); err != nil {
-		return nil, err
+		return err
 	}
 	if err := x.link.Pin(filepath.Join(dir, pinLink)); err != nil {
-		return nil, err
+		return err
 	}
 	x.pinned = true
-	return &Pinned{Program: programStamp(), Mode: x.mode, Version: x.version, Slots: maps.Clone(x.slots),
+	return nil
+}
+
+// Pinned returns what LoadPinnedXDP needs beside the pins: call it after
+// the last Update.
+func (x *XDP) Pinned() *Pinned {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return &Pinned{Program: programStamp(), Mode: string(x.mode), Version: x.version, Slots: maps.Clone(x.slots),
 		VIPDir:  [2][]uint32{slices.Clone(x.vipDir[0]), slices.Clone(x.vipDir[1])},
-		VIP6Dir: [2][]uint32{slices.Clone(x.vip6Dir[0]), slices.Clone(x.vip6Dir[1])}}, nil
+		VIP6Dir: [2][]uint32{slices.Clone(x.vip6Dir[0]), slices.Clone(x.vip6Dir[1])}}
 }
 
 // unpin removes every pin of x's objects (Unpin of an unpinned object does
@@ -327,22 +323,27 @@ func (x *XDP) attachPending(ifname string) bool {
 	return true
 }
 
-// mountBPF makes sure dir can be made on a bpf filesystem: it mounts one
-// at /sys/fs/bpf when none is there (a host without systemd's mount), then
-// checks that dir is on it.
+// mountBPF makes sure dir exists on a bpf filesystem: when it cannot be
+// made on one, it mounts one at /sys/fs/bpf (a host without systemd's
+// mount) and tries again.
 func mountBPF(dir string) error {
+	if onBPF(dir) {
+		return nil
+	}
 	const root = "/sys/fs/bpf"
-	var fs unix.Statfs_t
-	if err := unix.Statfs(root, &fs); err != nil || fs.Type != unix.BPF_FS_MAGIC {
+	if !onBPF(root) {
 		if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
-			return fmt.Errorf("mount a bpf filesystem at %s: %w", root, err)
+			return fmt.Errorf("%s is not on a bpf filesystem, and mounting one at %s failed: %w", dir, root, err)
 		}
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	if err := unix.Statfs(dir, &fs); err != nil || fs.Type != unix.BPF_FS_MAGIC {
+	if !onBPF(dir) {
 		return fmt.Errorf("%s is not on a bpf filesystem", dir)
 	}
 	return nil
+}
+
+// onBPF reports whether dir exists, or could be made, on a bpf filesystem.
+func onBPF(dir string) bool {
+	var fs unix.Statfs_t
+	return os.MkdirAll(dir, 0o700) == nil && unix.Statfs(dir, &fs) == nil && fs.Type == unix.BPF_FS_MAGIC
 }

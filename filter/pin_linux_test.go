@@ -50,10 +50,14 @@ func TestPinAdopt(t *testing.T) {
 	}
 	dir := filepath.Join("/sys/fs/bpf", uniqueName("shoaltest"), "node")
 	t.Cleanup(func() { removePins(dir); os.Remove(filepath.Dir(dir)) })
-	rec, err := x.Pin(dir)
-	if err != nil {
+	if err := x.Pin(dir); err != nil {
 		t.Fatal(err)
 	}
+	// Tables pushed after Pin are what the next loader adopts.
+	if err := x.Update(&Tables{Config: c, States: map[RuleID]*[NumBuckets]BucketState{1: st}}, mac); err != nil {
+		t.Fatal(err)
+	}
+	rec := x.Pinned()
 	if err := x.Release(); err != nil {
 		t.Fatal(err)
 	}
@@ -107,10 +111,10 @@ func TestPinAdopt(t *testing.T) {
 	}
 
 	// Pins of another program: the link is taken over, the tables are not.
-	rec, err = y.Pin(dir)
-	if err != nil {
+	if err := y.Pin(dir); err != nil {
 		t.Fatal(err)
 	}
+	rec = y.Pinned()
 	rec.Program = "another"
 	if err := y.Release(); err != nil {
 		t.Fatal(err)
@@ -174,10 +178,10 @@ func TestPinAdoptIPv6VIPs(t *testing.T) {
 	}
 	dir := filepath.Join("/sys/fs/bpf", uniqueName("shoaltest"), "node")
 	t.Cleanup(func() { removePins(dir); os.Remove(filepath.Dir(dir)) })
-	rec, err := x.Pin(dir)
-	if err != nil {
+	if err := x.Pin(dir); err != nil {
 		t.Fatal(err)
 	}
+	rec := x.Pinned()
 	if err := x.Release(); err != nil {
 		t.Fatal(err)
 	}

@@ -951,6 +951,9 @@ func (m *Machine[S]) Status() Status[S] {
 	return st
 }
 
+// Inheriting is Status().Inheriting without building the whole Status.
+func (m *Machine[S]) Inheriting() bool { return m.inheriting }
+
 // RestartAcked is Status().RestartAcked without building the whole Status.
 func (m *Machine[S]) RestartAcked() bool {
 	if m.restartSeq == 0 {

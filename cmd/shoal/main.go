@@ -49,6 +49,7 @@ func newApp() *cli.App {
 			weightCommand,
 			priorityCommand,
 			leaveCommand,
+			restartCommand,
 			plugCommand,
 			ip2macCommand,
 			keygenCommand,

@@ -18,10 +18,11 @@ var (
 )
 
 // features names what this binary can do that a packaging script or a peer
-// may need to know before relying on it. A binary that can restart its agent
-// without dropping traffic lists "hitless-restart" here; the package's
-// upgrade script then uses a plain `systemctl restart`.
-var features = []string{}
+// may need to know before relying on it. "hitless-restart": its agent adopts
+// the data plane an agent stopped by `shoal restart` left pinned
+// (agent/restart.go); the package's upgrade script then runs `shoal restart`
+// and `systemctl restart` instead of draining the node.
+var features = []string{"hitless-restart"}
 
 // BuildInfo is what `shoal version --json` prints.
 type BuildInfo struct {

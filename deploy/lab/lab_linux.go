@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Up builds a lab and, unless o.NoAgents, starts every agent and HTTP server
@@ -90,6 +92,14 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	}()
 	if err := os.MkdirAll(l.Dir, 0o700); err != nil {
 		return l, fmt.Errorf("lab: %w", err)
+	}
+	l.BPF = filepath.Join(l.Dir, "bpf")
+	if err := l.Save(); err != nil {
+		return l, err
+	}
+	if err := mountBPF(l.BPF); err != nil {
+		l.log.Warn("no bpf filesystem for the agents' restart pins; `shoal restart` falls back to a graceful stop", "err", err)
+		l.BPF = ""
 	}
 	if err := l.Save(); err != nil {
 		return l, err
@@ -348,6 +358,9 @@ func (l *Lab) StartProgram(host, role, path string, args ...string) (Proc, error
 	defer f.Close()
 	cmd := exec.Command("ip", append([]string{"netns", "exec", h.Namespace, path}, args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if role == "agent" && l.BPF != "" {
+		cmd.Env = append(os.Environ(), "SHOAL_PIN_DIR="+filepath.Join(l.BPF, host))
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return Proc{}, fmt.Errorf("lab: start %s on %s: %w", role, host, err)
@@ -521,6 +534,12 @@ func (l *Lab) Down(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if l.BPF != "" {
+		// Pins still there (an agent stopped for a restart) go with it.
+		if err := unix.Unmount(l.BPF, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("lab: unmount %s: %w", l.BPF, err))
+		}
+	}
 	if len(errs) == 0 {
 		if l.WebRoot != "" {
 			if err := os.RemoveAll(l.WebRoot); err != nil {
@@ -655,4 +674,15 @@ func (l *Lab) Signal(host, role string, sig syscall.Signal) error {
 		}
 	}
 	return fmt.Errorf("lab: no running %s on %s", role, host)
+}
+
+// mountBPF mounts a bpf filesystem at dir.
+func mountBPF(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpf at %s: %w", dir, err)
+	}
+	return nil
 }

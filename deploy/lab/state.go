@@ -80,8 +80,13 @@ type State struct {
 	// Server is the HTTP server every node runs; WebRoot, if set, is a
 	// directory outside Dir that the server's unprivileged processes can
 	// read (Apache's document roots).
-	Server  Server    `json:"server,omitempty"`
-	WebRoot string    `json:"web_root,omitempty"`
+	Server  Server `json:"server,omitempty"`
+	WebRoot string `json:"web_root,omitempty"`
+	// BPF is a bpf filesystem mounted for the lab's agents to pin their
+	// data planes in across a restart (`shoal restart`): `ip netns exec`
+	// gives each process a mount namespace of its own, in which
+	// /sys/fs/bpf is not the host's, so pins there would not outlive it.
+	BPF     string    `json:"bpf_dir,omitempty"`
 	Created time.Time `json:"created"`
 }
 

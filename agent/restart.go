@@ -1,0 +1,136 @@
+package agent
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+)
+
+// A hitless restart (`shoal restart`, then the service restarts): the
+// stopping agent pins its data plane, announces a restart window in its
+// last heartbeats (peers keep it in their views with its buckets until the
+// window ends), lets its lease run to a period before the window's end,
+// leaves the VIPs, sysctls and cluster MAC memberships in place and records
+// all of it (restartRecord) in the host record. The next agent adopts the
+// pinned data plane, and its membership machine inherits the accepting set
+// the tables hold until it has settled among its peers. See
+// docs/ARCHITECTURE.md, "A restart that breaks no connection".
+
+// Restart windows: what `shoal restart` asks for by default, and how long
+// an armed restart waits for the stop it applies to.
+const (
+	DefaultRestartWindow = heartbeat.MaxRestartWindow
+	restartArmFor        = time.Minute
+	restartAckTimeout    = time.Second // the stopping node waits this long for every peer to hear its window
+)
+
+// restartRecord is what an agent stopping for a restart leaves the next
+// one, in the host record.
+type restartRecord struct {
+	BootID string `json:"boot_id"` // the kernel's: pins and leases do not outlive a reboot
+	PinDir string `json:"pin_dir"`
+	// Pinned is the loader's state of the pinned data plane.
+	Pinned *filter.Pinned `json:"pinned"`
+	// LeaseEnd is when the data plane's lease ends: the peers' restart
+	// windows end a period later.
+	LeaseEnd time.Time `json:"lease_end"`
+	// Accept is the accepting set in the tables, with the mappings it was
+	// granted under; PeersDraining the buckets they mark dirty (other
+	// nodes' connections); Draining this node's own held buckets.
+	Accept        filter.Grant `json:"accept"`
+	PeersDraining filter.Set   `json:"peers_draining,omitempty"`
+	Draining      filter.Set   `json:"draining,omitempty"`
+	// Healthy: the node's health as the stopping agent last saw it; the
+	// next agent starts from it rather than from sick.
+	Healthy bool `json:"healthy"`
+}
+
+// kernelState is what the tables in the kernel were computed from.
+type kernelState struct {
+	ok                      bool
+	accept                  filter.Grant
+	peersDraining, draining filter.Set
+	healthy                 bool
+}
+
+// inheritance is what the first membership machine of a restarted agent
+// starts from (heartbeat.Machine.Inherit).
+type inheritance struct {
+	accept        filter.Grant
+	peersDraining filter.Set
+	until         time.Time
+	healthy       bool // the node was healthy when the previous agent stopped
+}
+
+// inheritFrom returns the inheritance a restart record gives under the
+// current rules: only the buckets of rules whose mapping is unchanged (or
+// only narrower) mean the same flows; until is when the lease ends.
+func inheritFrom(rr *restartRecord, cfg *filter.Config, until time.Time) *inheritance {
+	return &inheritance{accept: rr.Accept.Intersect(everything(cfg)), peersDraining: rr.PeersDraining, until: until, healthy: rr.Healthy}
+}
+
+// everything grants every bucket of every rule of cfg.
+func everything(cfg *filter.Config) filter.Grant {
+	g := filter.Grant{Buckets: filter.Set{}, Maps: cfg.Mappings()}
+	for _, id := range cfg.RuleIDs() {
+		g.Buckets[id] = full()
+	}
+	return g
+}
+
+// union returns the buckets in a or b; either may be nil.
+func union(a, b filter.Set) filter.Set {
+	out := filter.Set{}
+	for _, s := range []filter.Set{a, b} {
+		for id, m := range s {
+			o := out[id]
+			if o == nil {
+				o = new(filter.Bitmap)
+				out[id] = o
+			}
+			for i := range o {
+				o[i] |= m[i]
+			}
+		}
+	}
+	return out
+}
+
+// restartArm is an armed restart: the next stop within its time is one.
+type restartArm struct {
+	mu     sync.Mutex
+	until  time.Time
+	window time.Duration
+}
+
+// arm makes the next stop before now+restartArmFor a restart with window
+// (0: the default; at most heartbeat.MaxRestartWindow).
+func (r *restartArm) arm(now time.Time, window time.Duration) (RestartArmed, error) {
+	if window == 0 {
+		window = DefaultRestartWindow
+	}
+	if window < time.Second || window > heartbeat.MaxRestartWindow {
+		return RestartArmed{}, badRequest("restart window %v: want 1s to %v", window, heartbeat.MaxRestartWindow)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.until, r.window = now.Add(restartArmFor), window
+	return RestartArmed{Window: window, Until: r.until}, nil
+}
+
+// take reports the window of an armed restart still valid at now, and
+// disarms it.
+func (r *restartArm) take(now time.Time) (time.Duration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ok := !r.until.IsZero() && now.Before(r.until)
+	r.until = time.Time{}
+	return r.window, ok
+}
+
+func (r restartRecord) String() string {
+	return fmt.Sprintf("pinned in %s, lease until %s, %d buckets", r.PinDir, r.LeaseEnd.Format(time.RFC3339Nano), r.Accept.Buckets.Count())
+}

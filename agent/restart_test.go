@@ -1,0 +1,86 @@
+package agent
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/shoalnet/shoal/filter"
+)
+
+// TestRestartArm: an armed restart applies to one stop within a minute,
+// with the window asked for (default 10 s, 1-10 s accepted).
+func TestRestartArm(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	var r restartArm
+	if _, ok := r.take(now); ok {
+		t.Fatal("a restart not armed applies")
+	}
+	for _, bad := range []time.Duration{time.Millisecond, 11 * time.Second, -time.Second} {
+		if _, err := r.arm(now, bad); err == nil {
+			t.Errorf("window %v accepted", bad)
+		}
+	}
+	armed, err := r.arm(now, 0)
+	if err != nil || armed.Window != DefaultRestartWindow || !armed.Until.Equal(now.Add(restartArmFor)) {
+		t.Fatalf("arm: %+v %v; want the default window for a minute", armed, err)
+	}
+	if w, ok := r.take(now.Add(59 * time.Second)); !ok || w != DefaultRestartWindow {
+		t.Errorf("take within the minute: %v %v", w, ok)
+	}
+	if _, ok := r.take(now.Add(59 * time.Second)); ok {
+		t.Error("one arming applied to two stops")
+	}
+	r.arm(now, 3*time.Second)
+	if _, ok := r.take(now.Add(restartArmFor)); ok {
+		t.Error("an arming applied after its minute")
+	}
+}
+
+// TestInheritFrom: the next agent inherits only the buckets whose rule
+// still maps the same flows; a rule whose mapping changed is released.
+func TestInheritFrom(t *testing.T) {
+	vip := netip.MustParseAddr("198.18.0.100")
+	cfg := func(seed uint32, port uint16) *filter.Config {
+		return &filter.Config{Seed: seed, VIPs: []netip.Addr{vip}, Rules: []filter.Rule{
+			{ID: 1, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP, Mode: filter.ModeMultiple},
+			{ID: 2, PortLo: port, PortHi: port, Proto: filter.ProtoTCP, Mode: filter.ModeMultiple},
+		}}
+	}
+	old := cfg(7, 443)
+	grant := filter.Grant{Buckets: filter.Set{}, Maps: old.Mappings()}
+	for _, id := range []filter.RuleID{1, 2} {
+		for b := uint16(0); b < 100; b++ {
+			grant.Buckets.Add(id, b)
+		}
+	}
+	rr := &restartRecord{Accept: grant}
+	until := time.Unix(1_700_000_010, 0)
+	for _, tc := range []struct {
+		name         string
+		now          *filter.Config
+		want1, want2 int
+	}{
+		{"same rules", old, 100, 100},
+		{"rule 2 moved to another port", cfg(7, 8443), 100, 0},
+		{"another seed", cfg(8, 443), 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := inheritFrom(rr, tc.now, until)
+			got1, got2 := count(in.accept.Buckets, 1), count(in.accept.Buckets, 2)
+			if got1 != tc.want1 || got2 != tc.want2 || !in.until.Equal(until) {
+				t.Errorf("inherited %d, %d buckets until %v; want %d, %d until %v", got1, got2, in.until, tc.want1, tc.want2, until)
+			}
+		})
+	}
+}
+
+func count(s filter.Set, id filter.RuleID) int {
+	n := 0
+	for b := range filter.NumBuckets {
+		if s.Has(id, uint16(b)) {
+			n++
+		}
+	}
+	return n
+}
