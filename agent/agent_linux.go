@@ -40,6 +40,7 @@ type Agent struct {
 	// stopped for a restart (teardown then leaves the host as it is).
 	restartArm restartArm
 	restarting bool
+	probe      *frameProbe // the doctor's probe frames; set before running
 	// flowOwners caches assignments for `shoal query --flow`.
 	flowOwners ownersCache
 }
@@ -178,6 +179,14 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	a.link = link
 	h.start(life, a.node.poke)
 	cleanup(h.stop)
+	a.probe = newFrameProbe(cfg.Interface, a.store.State().Settings.ClusterID, h.MAC)
+	probeCtx, endProbe := context.WithCancel(life)
+	probeDone := make(chan struct{})
+	go func() {
+		defer close(probeDone)
+		a.probe.run(probeCtx)
+	}()
+	cleanup(func() error { endProbe(); <-probeDone; return nil })
 	a.reloadOnSIGHUP(ctx)
 	go a.hc.run(life, func(ok bool) {
 		log.Warn("health changed", "healthy", ok)

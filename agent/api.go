@@ -33,6 +33,7 @@ type control interface {
 	restart(ctx context.Context, req RestartRequest) (RestartArmed, error)
 	simulate(client, to netip.AddrPort, proto string) (Simulation, error)
 	flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (Flow, error)
+	doctor(ctx context.Context, cluster bool) []DoctorReport
 }
 
 // maxRequestBody bounds what a client may send.
@@ -72,6 +73,9 @@ func controlHandler(c control) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, f)
+	})
+	mux.HandleFunc("GET /v1/doctor", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, c.doctor(r.Context(), r.URL.Query().Get("cluster") == "true"))
 	})
 	mux.HandleFunc("POST /v1/admin", handle(c.setAdmin))
 	mux.HandleFunc("POST /v1/rules", func(w http.ResponseWriter, r *http.Request) {

@@ -20,6 +20,9 @@ type fakeControl struct {
 }
 
 func (f *fakeControl) status() Status { return Status{NodeName: "n1"} }
+func (f *fakeControl) doctor(ctx context.Context, cluster bool) []DoctorReport {
+	return []DoctorReport{{Node: "n1", Checks: []DoctorCheck{{Name: "cluster", Verdict: VerdictOK, Detail: fmt.Sprint(cluster)}}}}
+}
 func (f *fakeControl) query() Query   { return Query{Self: "n1"} }
 func (f *fakeControl) params() Params { panic("params exploded") }
 func (f *fakeControl) setAdmin(_ context.Context, r AdminRequest) error {

@@ -90,6 +90,7 @@ func (a *Agent) peerHandler() http.Handler {
 			writeJSON(w, http.StatusForbidden, APIError{Error: "drills are disabled on this node; set drills: true in its config to allow them"})
 		})
 	}
+	a.doctorPeerHandlers(mux)
 	mux.Handle("GET /v1/peer/sample", a.store.Authorize(rules.MembersOnly, a.sampleHandler()))
 	mux.Handle("GET /v1/peer/flow", a.store.Authorize(rules.MembersOnly, a.flowPeerHandler()))
 	mux.Handle("GET "+pathAlive, a.store.Authorize(rules.MembersOnly, aliveHandler(a.outOfMembership)))

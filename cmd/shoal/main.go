@@ -52,6 +52,7 @@ func newApp() *cli.App {
 			restartCommand,
 			plugCommand,
 			ip2macCommand,
+			doctorCommand,
 			keygenCommand,
 			tlsCommand,
 			keyCommand,
