@@ -59,7 +59,7 @@ func TestRestartWindow(t *testing.T) {
 	bye.RestartWindow = 2 * time.Second
 	last := now.Add(5 * time.Millisecond)
 	h.recv(last, bye)
-	h.step(last.Add(10 * tP)) // T = 6 periods: it would be dead by now
+	h.runTo(last.Add(10 * tP)) // T = 6 periods: it would be dead by now
 	st := h.m.Status()
 	if !st.View.Has(2) || st.Deaths != 0 || !st.Peers[0].Restarting || toyCount(st.Accept) != 8 {
 		t.Fatalf("in the window: view %v deaths %d restarting %v accept %d; want it kept with its buckets", st.View.Eligible, st.Deaths, st.Peers[0].Restarting, toyCount(st.Accept))
@@ -83,11 +83,11 @@ func TestRestartWindow(t *testing.T) {
 	bye = g.hb(2, 1, 2)
 	bye.RestartWindow = time.Second
 	g.recv(now, bye)
-	g.step(now.Add(time.Second - time.Millisecond))
+	g.runTo(now.Add(time.Second - time.Millisecond))
 	if !g.m.Status().View.Has(2) {
 		t.Fatal("dropped before the window ended")
 	}
-	g.step(now.Add(time.Second))
+	g.runTo(now.Add(time.Second))
 	if st := g.m.Status(); st.View.Has(2) || st.Deaths != 1 {
 		t.Fatalf("after the window: view %v deaths %d; want it gone, one death", st.View.Eligible, st.Deaths)
 	}
@@ -108,7 +108,7 @@ func TestProbesAndDeafness(t *testing.T) {
 	if got := h.m.Status().Suspects; !slices.Equal(got, []uint32{2}) {
 		t.Fatalf("suspects %v after T/2 silent periods, want [2]", got)
 	}
-	h.m.Probe(last.Add(3*tP+time.Millisecond), 2, true)
+	h.m.Probe(last.Add(3*tP+time.Millisecond), 2, ProbeAlive)
 	if len(h.m.Suspects()) != 0 {
 		t.Fatal("still a suspect right after a probe")
 	}

@@ -27,12 +27,18 @@ type Local struct {
 
 // PeerStatus is what this node knows of one registered peer.
 type PeerStatus struct {
-	ID           uint32
-	Live         bool // a valid heartbeat arrived within the last T periods
-	Eligible     bool // in this node's view
-	Lagging      bool // rules index behind the newest seen for longer than the grace
-	Hears        bool // its last heartbeat acknowledges this node's incarnation
-	Suspect      bool // silent for T/2 periods or more: probe it (Machine.Probe)
+	ID       uint32
+	Live     bool // a valid heartbeat arrived within the last T periods
+	Eligible bool // in this node's view
+	Lagging  bool // rules index behind the newest seen for longer than the grace
+	Hears    bool // its last heartbeat acknowledges this node's incarnation
+	Suspect  bool // silent for T/2 periods or more: probe it (Machine.Probe)
+	// MayHold: it died (or came back and has not settled) within HeldGrace,
+	// and no probe found it gone since it was last heard: its data plane
+	// may still serve the connections it holds (a stalled agent's XDP
+	// program runs on, draining once its lease ends), so buckets taken from
+	// it must stay dirty meanwhile.
+	MayHold      bool
 	Restarting   bool // it announced a restart and is kept until RestartUntil
 	LastHeard    time.Time
 	RestartUntil time.Time
@@ -86,6 +92,7 @@ type Status[S any] struct {
 	// connection to the peer API) and report with Machine.Probe.
 	Suspects []uint32
 	Deaths   uint64 // times a live peer was declared dead, since start
+	Stalls   uint64 // times this node found it had stalled past its lease (see checkStall)
 	// Period and Tolerance are the heartbeat timing in use (SetTiming
 	// changes it at a safe point).
 	Period    time.Duration
@@ -110,7 +117,10 @@ type peer struct {
 	claimSince time.Time
 	probeAt    time.Time // when the last probe result came; zero if none
 	probeAlive bool
+	probeGone  bool // the last probe found nothing listening (ProbeGone)
 	suspect    bool
+	diedAt     time.Time // when it was last declared dead; zero if never
+	mayHold    bool      // see PeerStatus.MayHold
 }
 
 // seen is the newest heartbeat accepted from a node, kept for ever (also
@@ -168,6 +178,8 @@ type Machine[S any] struct {
 	restartSeq   uint64 // the first heartbeat that announced the restart window; 0 if none
 
 	seq      uint64
+	stalled  time.Time // lastSent when a stall was last acted on (checkStall)
+	stalls   uint64
 	tat      time.Time // the send budget, as a GCRA: see sendSoon
 	lastSent time.Time
 	nextSend time.Time
@@ -222,6 +234,7 @@ func (m *Machine[S]) suspectAfter() time.Duration { return m.period(m.cfg.Tolera
 // ErrForeignCluster, ErrWrongAddress, ErrOldIncarnation or ErrStale when the
 // heartbeat is dropped; a dropped heartbeat changes nothing.
 func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) error {
+	m.checkStall(now) // before a steady-state heartbeat skips recompute
 	reg, registered := m.registry[msg.Node]
 	switch {
 	case msg.ClusterID != m.cfg.ClusterID:
@@ -345,16 +358,16 @@ func sameHearing(a, b []Ack) bool {
 }
 
 // Probe takes the result of a probe of peer id through a second channel
-// (alive: its peer API answered). A live result keeps a deaf node from
-// taking buckets; a dead one lets a view that dropped the peer be acted on
-// without the wait for a node that may still be alive. Results count for T
-// periods.
-func (m *Machine[S]) Probe(now time.Time, id uint32, alive bool) {
+// (its peer API). A live result keeps a deaf node from taking buckets; any
+// other lets a view that dropped the peer be acted on without the wait for
+// a node that may still be alive, and ProbeGone also ends PeerStatus.MayHold.
+// Results count for T periods.
+func (m *Machine[S]) Probe(now time.Time, id uint32, r ProbeResult) {
 	p := m.peers[id]
 	if p == nil {
 		return
 	}
-	p.probeAt, p.probeAlive = now, alive
+	p.probeAt, p.probeAlive, p.probeGone = now, r == ProbeAlive, r == ProbeGone
 	if p.suspect {
 		p.suspect = false
 	}
@@ -369,6 +382,7 @@ func (m *Machine[S]) Tick(now time.Time) {
 	for _, p := range m.peers {
 		if p.live && now.Sub(p.lastHeard) > m.deathWindow(now) {
 			p.live, p.acked, p.agrees, p.behind, p.claimSince = false, false, false, time.Time{}, time.Time{}
+			p.diedAt = now
 			if !m.kept(p, now) {
 				m.deaths++
 			}
@@ -540,6 +554,9 @@ func (m *Machine[S]) Wake() time.Time {
 		if p.restartMsg != nil {
 			earliest(p.restartUntil)
 		}
+		if p.mayHold {
+			earliest(p.diedAt.Add(HeldGrace + 1))
+		}
 	}
 	if m.inheriting {
 		earliest(m.inheritUntil)
@@ -613,6 +630,7 @@ func (m *Machine[S]) probedDead(p *peer, now time.Time) bool {
 // suspects, the view (release at once on a change), exclusion (yield) and
 // convergence (acquire).
 func (m *Machine[S]) recompute(now time.Time) {
+	m.checkStall(now)
 	m.now = now
 	m.newest = m.local.RulesIndex
 	for _, p := range m.peers {
@@ -645,6 +663,10 @@ func (m *Machine[S]) recompute(now time.Time) {
 			(p.probeAt.IsZero() || now.Sub(p.probeAt) >= m.suspectAfter())
 		if suspect != p.suspect {
 			p.suspect = suspect
+			m.version++
+		}
+		if hold := m.holds(p, now); hold != p.mayHold {
+			p.mayHold = hold
 			m.version++
 		}
 	}
@@ -923,14 +945,14 @@ func (m *Machine[S]) Status() Status[S] {
 		Version: m.version, Incarnation: m.cfg.Incarnation,
 		View: m.view, AdoptedAt: m.adopted, Converged: m.converged, Excluded: m.excluded,
 		Settled: m.settled && !m.deaf, Deaf: m.deaf, Lagging: m.lagging(m.selfBehind, m.now), NewestRules: m.newest,
-		Released: m.released, Accept: m.accept, Deaths: m.deaths, Suspects: m.Suspects(),
+		Released: m.released, Accept: m.accept, Deaths: m.deaths, Stalls: m.stalls, Suspects: m.Suspects(),
 		Inheriting: m.inheriting, RestartAcked: m.RestartAcked(),
 		Period: m.cfg.Period, Tolerance: m.cfg.Tolerance,
 	}
 	var draining []Buckets
 	for _, id := range m.ids {
 		p := m.peers[id]
-		ps := PeerStatus{ID: id, Eligible: m.view.Has(id), Suspect: p.suspect}
+		ps := PeerStatus{ID: id, Eligible: m.view.Has(id), Suspect: p.suspect, MayHold: p.mayHold}
 		if p.restartMsg != nil {
 			ps.Restarting, ps.RestartUntil = true, p.restartUntil
 		}

@@ -416,7 +416,11 @@ func (s *sim) probe(i, j int) {
 		if !n.up || n.boots != boots {
 			return
 		}
-		n.m.Probe(s.now, uint32(j+1), s.nodes[j].up && s.probeCuts[i][j] == 0)
+		r := ProbeSilent // a crashed host, or a cut cable
+		if s.nodes[j].up && s.probeCuts[i][j] == 0 {
+			r = ProbeAlive
+		}
+		n.m.Probe(s.now, uint32(j+1), r)
 		s.after(i)
 	}})
 }
