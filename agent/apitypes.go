@@ -41,6 +41,10 @@ type Status struct {
 	HeartbeatPeriod    string `json:"heartbeat_period"`
 	HeartbeatTolerance int    `json:"heartbeat_tolerance"`
 	PeerDeaths         uint64 `json:"peer_deaths"` // peers declared dead since membership (re)started
+	// Stalls counts the times this node's membership found it had sent no
+	// heartbeat for longer than its data-plane lease (SIGSTOP, a paused
+	// VM, starved of CPU) and released everything to rejoin.
+	Stalls uint64 `json:"stalls"`
 }
 
 // ViewInfo is the membership view a node acts on.

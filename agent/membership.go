@@ -362,6 +362,12 @@ func (m *membership) send(now time.Time, pushed bool) {
 		// set ends first, and is not extended.
 		return
 	}
+	// Only while the kernel's tables hold the machine's accepting set:
+	// after a stall the machine releases everything (its peers may have
+	// taken over), and the old tables must not be given a new lease.
+	if m.inKernel.snap.hb.Accept != m.machine.Accept() {
+		return
+	}
 	err := m.renew(m.leaseLength(now))
 	if err != nil && !m.leaseErr {
 		m.log.Error("renew xdp lease; owned buckets will drain when it ends", "err", err)

@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
@@ -40,7 +42,7 @@ func aliveHandler(off func() bool) http.Handler {
 
 // probeCheck asks the peer API at api (host:port) whether its node is
 // alive, giving up when ctx ends.
-type probeCheck func(ctx context.Context, api string) (alive bool)
+type probeCheck func(ctx context.Context, api string) heartbeat.ProbeResult
 
 // newProbeClient returns the agent's peer client for probes: mutual TLS,
 // and a fresh connection every time, so that a probe tests that the peer
@@ -51,20 +53,30 @@ func newProbeClient(certs *rules.Certs) *http.Client {
 
 // peerAPICheck probes with a GET of pathAlive: a node is alive when its
 // peer API answers anything but 503 in time (a peer without the endpoint,
-// of an older release, answers 404: it is up).
+// of an older release, answers 404: it is up). It is gone when nothing
+// listens there (the connection is refused: no agent runs, so no XDP
+// program serves its connections either) or it answers 503 (its plug is
+// pulled); any other failure (a timeout, a TLS handshake that never ends:
+// a stalled agent, a lost host) leaves it silent.
 func peerAPICheck(client *http.Client) probeCheck {
-	return func(ctx context.Context, api string) bool {
+	return func(ctx context.Context, api string) heartbeat.ProbeResult {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rules.PeerURL(api, pathAlive), nil)
 		if err != nil {
-			return false
+			return heartbeat.ProbeSilent
 		}
 		resp, err := client.Do(req)
-		if err != nil {
-			return false
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED):
+			return heartbeat.ProbeGone
+		case err != nil:
+			return heartbeat.ProbeSilent
 		}
 		defer resp.Body.Close()
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return resp.StatusCode != http.StatusServiceUnavailable
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return heartbeat.ProbeGone
+		}
+		return heartbeat.ProbeAlive
 	}
 }
 
@@ -78,8 +90,8 @@ func probeTimeout(c heartbeat.Config) time.Duration {
 
 // probeResult is the answer of one probe.
 type probeResult struct {
-	id    uint32
-	alive bool
+	id     uint32
+	result heartbeat.ProbeResult
 }
 
 // prober runs probes off the membership loop, one goroutine per probe, and
@@ -110,10 +122,10 @@ func (p *prober) start(ctx context.Context, suspects []uint32, timeout time.Dura
 		go func() {
 			defer p.wg.Done()
 			pctx, cancel := context.WithTimeout(ctx, timeout)
-			alive := p.check(pctx, addr)
+			r := p.check(pctx, addr)
 			cancel()
 			select {
-			case p.results <- probeResult{id: id, alive: alive}:
+			case p.results <- probeResult{id: id, result: r}:
 			case <-ctx.Done():
 			}
 		}()
@@ -146,6 +158,6 @@ func (m *membership) probeSuspects(ctx context.Context) {
 func (m *membership) takeProbe(r probeResult) {
 	m.probes.done(r)
 	if !m.plugged {
-		m.machine.Probe(m.now(), r.id, r.alive)
+		m.machine.Probe(m.now(), r.id, r.result)
 	}
 }

@@ -93,14 +93,14 @@ func TestPeerAPICheck(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		addr   func() (string, *http.Client)
-		alive  bool
+		want   heartbeat.ProbeResult
 		within time.Duration
 	}{
-		{"alive", func() (string, *http.Client) { return tlsPeer(t, mux(false)) }, true, timeout},
-		{"plugged", func() (string, *http.Client) { return tlsPeer(t, mux(true)) }, false, timeout},
-		{"older peer without the endpoint", func() (string, *http.Client) { return tlsPeer(t, http.NotFoundHandler()) }, true, timeout},
-		{"dead: connection refused", func() (string, *http.Client) { return deadAddr, client }, false, timeout},
-		{"accepts, never answers: timeout", func() (string, *http.Client) { return silent.Addr().String(), client }, false, timeout + 300*time.Millisecond},
+		{"alive", func() (string, *http.Client) { return tlsPeer(t, mux(false)) }, heartbeat.ProbeAlive, timeout},
+		{"plugged: gone", func() (string, *http.Client) { return tlsPeer(t, mux(true)) }, heartbeat.ProbeGone, timeout},
+		{"older peer without the endpoint", func() (string, *http.Client) { return tlsPeer(t, http.NotFoundHandler()) }, heartbeat.ProbeAlive, timeout},
+		{"connection refused: gone", func() (string, *http.Client) { return deadAddr, client }, heartbeat.ProbeGone, timeout},
+		{"accepts, never answers (stalled): silent", func() (string, *http.Client) { return silent.Addr().String(), client }, heartbeat.ProbeSilent, timeout + 300*time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr, c := tc.addr()
@@ -111,8 +111,8 @@ func TestPeerAPICheck(t *testing.T) {
 			if took := time.Since(start); took > tc.within {
 				t.Errorf("probe took %v, want at most %v", took, tc.within)
 			}
-			if got != tc.alive {
-				t.Errorf("alive = %v, want %v", got, tc.alive)
+			if got != tc.want {
+				t.Errorf("probe result %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -142,7 +142,7 @@ type fakeChecks struct {
 	deadlines map[string]time.Duration
 }
 
-func (f *fakeChecks) check(ctx context.Context, api string) bool {
+func (f *fakeChecks) check(ctx context.Context, api string) heartbeat.ProbeResult {
 	f.mu.Lock()
 	f.calls[api]++
 	if d, ok := ctx.Deadline(); ok {
@@ -151,12 +151,12 @@ func (f *fakeChecks) check(ctx context.Context, api string) bool {
 	f.mu.Unlock()
 	switch api {
 	case "alive":
-		return true
+		return heartbeat.ProbeAlive
 	case "hang":
 		<-ctx.Done()
-		return false
+		return heartbeat.ProbeSilent
 	}
-	return false
+	return heartbeat.ProbeGone
 }
 
 func (f *fakeChecks) callsTo(api string) int {
@@ -183,7 +183,7 @@ func TestProber(t *testing.T) {
 	start := time.Now()
 	p.start(ctx, []uint32{1, 2, 3, 4, 5}, timeout, apiAddr)
 	p.start(ctx, []uint32{1, 2, 3, 4, 5}, timeout, apiAddr) // all in flight: nothing new
-	got := map[uint32]bool{}
+	got := map[uint32]heartbeat.ProbeResult{}
 	deadline := time.After(5 * time.Second)
 	for len(got) < 3 {
 		select {
@@ -191,7 +191,7 @@ func TestProber(t *testing.T) {
 			if _, dup := got[r.id]; dup {
 				t.Fatalf("two answers for peer %d", r.id)
 			}
-			got[r.id] = r.alive
+			got[r.id] = r.result
 			p.done(r)
 		case <-deadline:
 			t.Fatalf("answers after 5 s: %v, want peers 1-3", got)
@@ -200,10 +200,10 @@ func TestProber(t *testing.T) {
 	if took := time.Since(start); took > timeout+time.Second {
 		t.Errorf("hanging probes answered after %v, want about %v", took, timeout)
 	}
-	want := map[uint32]bool{1: true, 2: false, 3: false}
-	for id, alive := range want {
-		if got[id] != alive {
-			t.Errorf("peer %d: alive = %v, want %v", id, got[id], alive)
+	want := map[uint32]heartbeat.ProbeResult{1: heartbeat.ProbeAlive, 2: heartbeat.ProbeGone, 3: heartbeat.ProbeSilent}
+	for id, r := range want {
+		if got[id] != r {
+			t.Errorf("peer %d: probe result %v, want %v", id, got[id], r)
 		}
 	}
 	for _, api := range []string{"alive", "dead", "hang"} {
@@ -223,7 +223,7 @@ func TestProber(t *testing.T) {
 	select {
 	case r := <-p.results:
 		p.done(r)
-		if r.id != 1 || !r.alive {
+		if r.id != 1 || r.result != heartbeat.ProbeAlive {
 			t.Errorf("second probe: %+v, want peer 1 alive", r)
 		}
 	case <-time.After(5 * time.Second):
@@ -258,7 +258,7 @@ func TestProberStops(t *testing.T) {
 	case r := <-p.results:
 		// The probe may have won the race with cancel and answered; it
 		// must then say not alive (the peer never answered).
-		if r.alive {
+		if r.result == heartbeat.ProbeAlive {
 			t.Errorf("a cancelled probe answered alive: %+v", r)
 		}
 	default:

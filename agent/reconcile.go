@@ -38,10 +38,13 @@ func planTables(cfg *filter.Config, self filter.NodeID, admin rules.AdminState, 
 // this node's coordinates (rules applied up to index). A live peer that has
 // applied another rules index names its buckets under other mappings, and
 // its connections may sit in any bucket here; until it catches up every
-// bucket counts as dirty, so none is taken clean from it.
+// bucket counts as dirty, so none is taken clean from it. So too while a
+// peer that died may still serve the connections it holds (MayHold: a
+// stalled agent whose XDP program runs on): the buckets taken from it take
+// new connections here, and leave its connections to it.
 func peersDraining(cfg *filter.Config, index uint64, peers []heartbeat.PeerStatus, union heartbeat.Buckets) filter.Set {
 	for _, p := range peers {
-		if p.Live && p.RulesIndex != index {
+		if p.Live && p.RulesIndex != index || p.MayHold {
 			all := filter.Set{}
 			for _, id := range cfg.RuleIDs() {
 				all[id] = full()

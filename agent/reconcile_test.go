@@ -70,8 +70,9 @@ func TestBucketsWireRoundTrip(t *testing.T) {
 }
 
 // TestPeersDraining checks that a live peer on another rules index makes
-// every bucket dirty (its announcements are in other coordinates), and that
-// otherwise the peers' announcements are taken as they are.
+// every bucket dirty (its announcements are in other coordinates), and so
+// does a peer that may still serve its connections (a stalled agent), and
+// that otherwise the peers' announcements are taken as they are.
 func TestPeersDraining(t *testing.T) {
 	cfg := &filter.Config{Rules: []filter.Rule{{ID: 4, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP}}}
 	union := heartbeat.Buckets{4: {9}}
@@ -84,6 +85,8 @@ func TestPeersDraining(t *testing.T) {
 		{"dead peer on an old index", []heartbeat.PeerStatus{{ID: 2, RulesIndex: 9}}, 1},
 		{"live peer behind", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}, {ID: 3, Live: true, RulesIndex: 9}}, 2 * filter.NumBuckets},
 		{"live peer ahead", []heartbeat.PeerStatus{{ID: 3, Live: true, RulesIndex: 11}}, 2 * filter.NumBuckets},
+		{"dead peer that may hold connections", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}, {ID: 3, RulesIndex: 10, MayHold: true}}, 2 * filter.NumBuckets},
+		{"back, listening, may hold", []heartbeat.PeerStatus{{ID: 3, Live: true, RulesIndex: 10, MayHold: true}}, 2 * filter.NumBuckets},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

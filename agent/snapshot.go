@@ -22,7 +22,7 @@ func (n *node) status() Status {
 		Live:             sortedLive(n.self, st),
 		DataplaneHealthy: ds.healthy, DataplaneError: ds.lastErr, UpdateFailures: n.rec.failures.Load(),
 		Leaving:         ms.leaving,
-		HeartbeatPeriod: st.Period.String(), HeartbeatTolerance: st.Tolerance, PeerDeaths: st.Deaths,
+		HeartbeatPeriod: st.Period.String(), HeartbeatTolerance: st.Tolerance, PeerDeaths: st.Deaths, Stalls: st.Stalls,
 	}
 	if ds.healthy {
 		s.DataplaneError = ""

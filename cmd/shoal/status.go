@@ -36,7 +36,7 @@ func printStatus(w io.Writer, st *agent.Status) {
 		conv = "converging"
 	}
 	fmt.Fprintf(w, "view: %s, eligible %v, rules index %d, leader %s\n", conv, st.View.Eligible, st.RulesIndex, orNone(st.Leader))
-	fmt.Fprintf(w, "heartbeat: every %s, peer dead after %d periods; %d peer deaths\n", st.HeartbeatPeriod, st.HeartbeatTolerance, st.PeerDeaths)
+	fmt.Fprintf(w, "heartbeat: every %s, peer dead after %d periods; %d peer deaths, %d stalls\n", st.HeartbeatPeriod, st.HeartbeatTolerance, st.PeerDeaths, st.Stalls)
 	fmt.Fprintf(w, "connections held on the VIPs: %d\n", st.Connections)
 	if st.Plugged {
 		fmt.Fprintln(w, "PLUG PULLED: this node sends no heartbeats and drops all VIP traffic")
