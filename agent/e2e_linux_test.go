@@ -223,12 +223,13 @@ func startAgent(t *testing.T, l *lab.Lab, host string) {
 	}
 }
 
-// netstat reads a counter from /proc/net/snmp in a namespace, e.g. Ip OutRequests.
+// netstat reads a counter from /proc/net/snmp or /proc/net/netstat in a
+// namespace, e.g. Ip OutRequests, TcpExt TCPSynRetrans.
 func netstat(t *testing.T, ns, group, field string) uint64 {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/net/snmp").Output()
+	out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat").Output()
 	if err != nil {
-		t.Fatalf("read /proc/net/snmp in %s: %v", ns, err)
+		t.Fatalf("read /proc/net/snmp and netstat in %s: %v", ns, err)
 	}
 	var names []string
 	for _, line := range strings.Split(string(out), "\n") {
@@ -247,7 +248,7 @@ func netstat(t *testing.T, ns, group, field string) uint64 {
 			}
 		}
 	}
-	t.Fatalf("no %s %s in /proc/net/snmp", group, field)
+	t.Fatalf("no %s %s in /proc/net/snmp or netstat", group, field)
 	return 0
 }
 
