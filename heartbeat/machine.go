@@ -33,7 +33,8 @@ type PeerStatus struct {
 	Lagging  bool // rules index behind the newest seen for longer than the grace
 	Hears    bool // its last heartbeat acknowledges this node's incarnation
 	Suspect  bool // silent for T/2 periods or more: probe it (Machine.Probe)
-	// MayHold: it died (or came back and has not settled) within HeldGrace,
+	// MayHold: it died (or came back and has not settled) within HeldGrace
+	// (for a peer that announced a restart: of the end of its window),
 	// and no probe found it gone since it was last heard: its data plane
 	// may still serve the connections it holds (a stalled agent's XDP
 	// program runs on, draining once its lease ends), so buckets taken from
@@ -392,6 +393,7 @@ func (m *Machine[S]) Tick(now time.Time) {
 			p.restartUntil, p.restartMsg = time.Time{}, nil
 			if !p.live {
 				m.deaths++ // it did not come back in time: a failure
+				p.diedAt = now
 			}
 			m.version++
 		}

@@ -41,8 +41,8 @@ const (
 
 // holds is PeerStatus.MayHold for p at now.
 func (m *Machine[S]) holds(p *peer, now time.Time) bool {
-	if p.msg == nil || p.diedAt.IsZero() || now.Sub(p.diedAt) > HeldGrace {
-		return false
+	if p.msg == nil || p.diedAt.IsZero() || now.Sub(p.diedAt) > HeldGrace || m.kept(p, now) {
+		return false // a peer kept through its restart window keeps its buckets
 	}
 	if p.probeGone && p.probeAt.After(p.lastHeard) {
 		return false
