@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,6 +61,66 @@ func TestMain(m *testing.M) {
 func upLab(t *testing.T, n int) *lab.Lab {
 	t.Helper()
 	return upLabWith(t, lab.Options{Nodes: n})
+}
+
+// families are the VIP families the end-to-end tests that matter most run
+// in: an IPv4 lab and an IPv6 one.
+var families = []lab.Family{lab.Family4, lab.Family6}
+
+// forFamilies runs test once per family, as subtests "ipv4" and "ipv6".
+func forFamilies(t *testing.T, test func(t *testing.T, f lab.Family)) {
+	for _, f := range families {
+		t.Run("ipv"+string(f), func(t *testing.T) { test(t, f) })
+	}
+}
+
+// clientAddr is the client's address in the VIP's family.
+func clientAddr(l *lab.Lab) netip.Addr {
+	if l.VIP.Is6() {
+		return l.Client.Addr6
+	}
+	return l.Client.Addr
+}
+
+// vipCounter counts, with an nftables counter in the client namespace, the
+// TCP packets the client sends to the VIP (TCP only: neighbour discovery to
+// an IPv6 VIP is not the VIP's traffic). The table goes with the test.
+func vipCounter(t *testing.T, l *lab.Lab) func() uint64 {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nftables' nft (apt-get install nftables; .ci/run installs it)")
+	}
+	nft := func(script string) (string, error) {
+		cmd := exec.Command("ip", "netns", "exec", l.Client.Namespace, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(script)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("nft: %v: %s", err, out)
+		}
+		return string(out), nil
+	}
+	fam := "ip"
+	if l.VIP.Is6() {
+		fam = "ip6"
+	}
+	const table = "shoal_e2e_acct"
+	if _, err := nft(fmt.Sprintf("table inet %s {\n counter vip {}\n chain out {\n  type filter hook output priority 0; policy accept;\n  %s daddr %s meta l4proto tcp counter name vip\n }\n}\n", table, fam, l.VIP)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nft("delete table inet " + table) })
+	return func() uint64 {
+		t.Helper()
+		out, err := nft("list counter inet " + table + " vip")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(out[strings.Index(out, "packets"):])
+		n, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			t.Fatalf("nft counter %q: %v", out, err)
+		}
+		return n
+	}
 }
 
 // upLabWith is upLab with more options.
@@ -290,15 +351,21 @@ func checkShare(t *testing.T, r load.Result, want map[string]float64, tol float6
 // TestE2EBalanceAndPacketAccounting: requests on new connections all
 // succeed, equal weights split them evenly, weights 100/50/0 are followed,
 // and every packet the client sends to the VIP is accepted by exactly one
-// node: the nodes' XDP counters add up to the client's own count.
+// node: the nodes' XDP counters add up to the client's own count. For an
+// IPv4 and an IPv6 VIP.
 func TestE2EBalanceAndPacketAccounting(t *testing.T) {
-	l := upLab(t, 3)
+	forFamilies(t, testBalanceAndPacketAccounting)
+}
+
+func testBalanceAndPacketAccounting(t *testing.T, family lab.Family) {
+	l := upLabWith(t, lab.Options{Nodes: 3, Family: family})
+	sentToVIP := vipCounter(t, l)
 	if mac, err := l.Neighbor(context.Background(), l.VIP.String()); err != nil || mac != "" && mac != lab.ClusterMAC(l.VIP) {
 		t.Errorf("client's ARP entry for the VIP: %q (%v), want the cluster MAC %s", mac, err, lab.ClusterMAC(l.VIP))
 	}
 	phase := func(name string, want map[string]float64) {
 		t.Run(name, func(t *testing.T) {
-			sent0 := netstat(t, l.Client.Namespace, "Ip", "OutRequests")
+			sent0 := sentToVIP()
 			acc0, drop0 := map[string]uint64{}, map[string]uint64{}
 			for _, n := range l.Nodes {
 				acc0[n.Name], drop0[n.Name] = packets(t, l, n.Name)
@@ -315,7 +382,7 @@ func TestE2EBalanceAndPacketAccounting(t *testing.T) {
 			// Let the last FINs and ACKs land, then count.
 			var sent, accepted uint64
 			poll(t, 5*time.Second, "packet counts settle", func() error {
-				sent = netstat(t, l.Client.Namespace, "Ip", "OutRequests") - sent0
+				sent = sentToVIP() - sent0
 				accepted = 0
 				for _, n := range l.Nodes {
 					a, d := packets(t, l, n.Name)
@@ -355,14 +422,14 @@ func TestE2EBalanceAndPacketAccounting(t *testing.T) {
 	// `shoal simulate` names the node a real connection lands on.
 	// Source ports below the ephemeral range, so the load generator holds none.
 	for port := 21000; port < 21010; port++ {
-		flow := fmt.Sprintf("%s:%d", l.Client.Addr, port)
-		out := mustShoal(t, l, "node2", "simulate", "--json", flow, l.VIP.String()+":80")
+		flow := netip.AddrPortFrom(clientAddr(l), uint16(port)).String()
+		out := mustShoal(t, l, "node2", "simulate", "--json", flow, netip.AddrPortFrom(l.VIP, 80).String())
 		var sim agent.Simulation
 		if err := json.Unmarshal([]byte(out), &sim); err != nil {
 			t.Fatalf("simulate --json: %v: %s", err, out)
 		}
 		c := dialFromClientPort(t, l, 1, port)[0]
-		if err := c.get(l.VIP.String()); err != nil {
+		if err := c.get(vipHost(l)); err != nil {
 			t.Fatal(err)
 		}
 		c.c.Close()
@@ -404,6 +471,14 @@ func (h *heldConn) get(host string) error {
 	}
 	h.n++
 	return nil
+}
+
+// vipHost is the VIP as an HTTP Host header names it.
+func vipHost(l *lab.Lab) string {
+	if l.VIP.Is6() {
+		return "[" + l.VIP.String() + "]"
+	}
+	return l.VIP.String()
 }
 
 // dialFromClient opens n connections to the VIP from the client namespace.
@@ -463,7 +538,7 @@ type holder struct {
 func hold(t *testing.T, l *lab.Lab, conns []*heldConn, every time.Duration) *holder {
 	h := &holder{conns: conns, stop: make(chan struct{})}
 	for _, c := range conns {
-		if err := c.get(l.VIP.String()); err != nil {
+		if err := c.get(vipHost(l)); err != nil {
 			t.Fatalf("first request on a held connection: %v", err)
 		}
 		h.wg.Add(1)
@@ -477,7 +552,7 @@ func hold(t *testing.T, l *lab.Lab, conns []*heldConn, every time.Duration) *hol
 					return
 				case <-tick.C:
 				}
-				if err := c.get(l.VIP.String()); err != nil {
+				if err := c.get(vipHost(l)); err != nil {
 					h.mu.Lock()
 					c.err = err
 					h.mu.Unlock()
@@ -532,9 +607,13 @@ func byNode(conns []*heldConn) map[string][]*heldConn {
 // TestE2EDrainstop: a node with 50 long-lived connections is drained while
 // new requests keep coming: no request fails, no connection is reset, its
 // connections finish on it, new ones go elsewhere, and drainstop returns
-// when they are gone with the node stopped.
+// when they are gone with the node stopped. For an IPv4 and an IPv6 VIP.
 func TestE2EDrainstop(t *testing.T) {
-	l := upLab(t, 3)
+	forFamilies(t, testDrainstop)
+}
+
+func testDrainstop(t *testing.T, family lab.Family) {
+	l := upLabWith(t, lab.Options{Nodes: 3, Family: family})
 	var conns []*heldConn
 	var h *holder
 	for len(byNode(conns)["node3"]) < 50 {
@@ -543,7 +622,7 @@ func TestE2EDrainstop(t *testing.T) {
 		}
 		batch := dialFromClient(t, l, 30)
 		for _, c := range batch {
-			if err := c.get(l.VIP.String()); err != nil {
+			if err := c.get(vipHost(l)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -638,9 +717,14 @@ func TestE2EDrainstop(t *testing.T) {
 }
 
 // TestE2EJoinWeightLeaveKeepConnections: a node joining, a weight change
-// and another node leaving break none of the established connections.
+// and another node leaving break none of the established connections. For
+// an IPv4 and an IPv6 VIP.
 func TestE2EJoinWeightLeaveKeepConnections(t *testing.T) {
-	l := upLab(t, 3)
+	forFamilies(t, testJoinWeightLeaveKeepConnections)
+}
+
+func testJoinWeightLeaveKeepConnections(t *testing.T, family lab.Family) {
+	l := upLabWith(t, lab.Options{Nodes: 3, Family: family})
 	stopAgent(t, l, "node3", syscall.SIGTERM)
 	poll(t, 10*time.Second, "two nodes cover every bucket", func() error { return covered(l, "node1", "node2") })
 
