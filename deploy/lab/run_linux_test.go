@@ -32,8 +32,15 @@ func buildShoal(t *testing.T) string {
 }
 
 // TestLabRun is the end-to-end drill: a 3-node cluster, traffic on new
-// connections, a pulled plug, traffic again.
+// connections, a pulled plug, traffic again; with an IPv4 VIP, an IPv6 one,
+// and both at once (dual: the same report for each VIP).
 func TestLabRun(t *testing.T) {
+	for _, f := range []Family{Family4, Family6, FamilyDual} {
+		t.Run("family "+string(f), func(t *testing.T) { testLabRun(t, f) })
+	}
+}
+
+func testLabRun(t *testing.T, family Family) {
 	needRoot(t)
 	if testing.Short() {
 		t.Skip("the end-to-end lab takes ~20 s; skipped with -short")
@@ -57,7 +64,7 @@ func TestLabRun(t *testing.T) {
 	defer cancel()
 	rep, err := Run(ctx, RunOptions{
 		Options: Options{
-			Nodes: 3, Binary: bin, Base: base,
+			Nodes: 3, Binary: bin, Base: base, Family: family,
 			Log: slog.New(slog.NewTextHandler(tWriter{t}, nil)),
 		},
 		// 1000 requests/s for 3 s: the 3,000 requests on new connections the
@@ -76,27 +83,38 @@ func TestLabRun(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if !strings.EqualFold(rep.ClientARP, rep.ClusterMAC) {
-		t.Errorf("client resolved the VIP to %q, want the cluster MAC %s", rep.ClientARP, rep.ClusterMAC)
+	vips := []VIPReport{{VIP: rep.VIP, ClusterMAC: rep.ClusterMAC, ClientNeighbor: rep.ClientARP, Before: rep.Before, During: rep.During, After: rep.After}}
+	vips = append(vips, rep.Also...)
+	wantVIPs := map[Family][]string{Family4: {"198.18."}, Family6: {"2001:db8:"}, FamilyDual: {"198.18.", "2001:db8:"}}[family]
+	if len(vips) != len(wantVIPs) {
+		t.Fatalf("report on %d VIPs, want %d", len(vips), len(wantVIPs))
 	}
-	if rep.Before.Requests != 3000 || rep.Before.Failures != 0 {
-		t.Errorf("before the pull: %d requests, %d failed (%v); want 3000, all served",
-			rep.Before.Requests, rep.Before.Failures, rep.Before.Errors)
-	}
-	for _, n := range []string{"node1", "node2", "node3"} {
-		if s := rep.Before.Share[n]; s < 0.33-0.05 || s > 0.33+0.05 {
-			t.Errorf("before the pull %s served %.1f%%, want 33%% +- 5", n, 100*s)
+	for i, v := range vips {
+		if !strings.HasPrefix(v.VIP, wantVIPs[i]) {
+			t.Errorf("VIP %s, want one in %s", v.VIP, wantVIPs[i])
+		}
+		if !strings.EqualFold(v.ClientNeighbor, v.ClusterMAC) {
+			t.Errorf("client resolved %s to %q, want the cluster MAC %s", v.VIP, v.ClientNeighbor, v.ClusterMAC)
+		}
+		if v.Before.Requests != 3000 || v.Before.Failures != 0 {
+			t.Errorf("%s before the pull: %d requests, %d failed (%v); want 3000, all served",
+				v.VIP, v.Before.Requests, v.Before.Failures, v.Before.Errors)
+		}
+		for _, n := range []string{"node1", "node2", "node3"} {
+			if s := v.Before.Share[n]; s < 0.33-0.05 || s > 0.33+0.05 {
+				t.Errorf("%s before the pull: %s served %.1f%%, want 33%% +- 5", v.VIP, n, 100*s)
+			}
+		}
+		if v.After.Requests == 0 || v.After.Failures != 0 {
+			t.Errorf("%s after the failover: %d requests, %d failed (%v); want all served",
+				v.VIP, v.After.Requests, v.After.Failures, v.After.Errors)
+		}
+		if n := v.After.ByNode[rep.Victim]; n != 0 {
+			t.Errorf("%s: the pulled node %s served %d requests after the failover", v.VIP, rep.Victim, n)
 		}
 	}
 	if rep.FailoverMS < 0 || rep.FailoverMS > 1500 {
 		t.Errorf("failover took %.0f ms, want <= 1500", rep.FailoverMS)
-	}
-	if rep.After.Requests == 0 || rep.After.Failures != 0 {
-		t.Errorf("after the failover: %d requests, %d failed (%v); want all served",
-			rep.After.Requests, rep.After.Failures, rep.After.Errors)
-	}
-	if n := rep.After.ByNode[rep.Victim]; n != 0 {
-		t.Errorf("the pulled node %s served %d requests after the failover", rep.Victim, n)
 	}
 
 	assertGone(t, rep.Lab)

@@ -295,6 +295,11 @@ func TestReportText(t *testing.T) {
 			[]string{"failed requests started -10 to +200 ms from the pull"}},
 		{"failover missed", Report{Lab: "shl0001", Victim: "node3", FailoverMS: -1},
 			[]string{"the survivors did NOT cover every bucket in time"}},
+		{"dual", Report{Lab: "shl0001", Nodes: 3, VIP: "198.18.1.100", ClusterMAC: "03:bf:c6:12:01:64", ClientARP: "03:bf:c6:12:01:64", FailoverMS: -1,
+			Also: []VIPReport{{VIP: "2001:db8:0:1::100", ClusterMAC: "03:be:00:00:01:00", ClientNeighbor: "03:be:00:00:01:00",
+				Before: load.Result{Requests: 3000, RatePerSec: 1000, Share: map[string]float64{"node1": 0.5, "node2": 0.5}}}}},
+			[]string{"and at the same time, VIP 2001:db8:0:1::100 (client resolved it to 03:be:00:00:01:00 (as it should))",
+				"before    3000 requests     0 failed     1000 req/s", "node1 50.0%  node2 50.0%"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
