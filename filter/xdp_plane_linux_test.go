@@ -200,7 +200,7 @@ func TestFragmentsFollowFlow(t *testing.T) {
 // 2001:db8::/64. It returns the client namespace, the loaded program and
 // the node's interface MAC; the caller's goroutine is in the node
 // namespace.
-func vethNode(t *testing.T, vip, clientIP netip.Addr) (client string, x *XDP, mac net.HardwareAddr) {
+func vethNode(t testing.TB, vip, clientIP netip.Addr) (client string, x *XDP, mac net.HardwareAddr) {
 	t.Helper()
 	client, node := newNetns(t), newNetns(t)
 	va, vb := uniqueName("sva"), uniqueName("svb")

@@ -301,7 +301,9 @@ struct flow {
 	__u8 v6;
 	__u8 first_frag; // judge, and remember the verdict under fk
 	__u8 later_frag; // take the verdict remembered under fk, if any
+	__u8 has_th;     // th_off is set: a TCP header for the SYN-cookie check
 	__be16 client_port, vip_port;
+	__u16 l3_off, th_off; // the IP and TCP headers' offsets in the frame
 	__be32 client_ip[4], vip_ip[4]; // IPv4: [0] only
 	struct frag_key fk;
 };
@@ -323,7 +325,7 @@ static __always_inline int count(__u32 slot, __u32 idx)
 static __always_inline int drop(__u32 slot, __u32 reason)
 {
 	count(slot, reason);
-	return XDP_DROP;
+	return XDP_DROP; // V_DROP
 }
 
 // port_slot returns the rule slot for (vip index, proto 0 tcp / 1 udp, port).
@@ -379,9 +381,10 @@ static __always_inline void copy16(__be32 *dst, __u8 *a)
 // holds_conn asks the socket table whether this node holds a connection:
 // a socket that is not a listener, or, for an ACK that finds only the
 // listener, a valid SYN cookie (the kernel answered the SYN with a cookie
-// under SYN-flood pressure and keeps no request socket). l3 and th are the
-// packet's IP and TCP headers (th 0 when the flow comes from an ICMP error).
-static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f, __u8 *l3, __u8 *th, void *data_end)
+// under SYN-flood pressure and keeps no request socket). The IP and TCP
+// headers are at f's offsets in the frame (no TCP header when the flow
+// comes from an ICMP error).
+static __always_inline int holds_conn(void *ctx, struct flow *f, __u8 *data, void *data_end)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
@@ -401,12 +404,16 @@ static __always_inline int holds_conn(struct xdp_md *ctx, struct flow *f, __u8 *
 	if (!sk)
 		return 0;
 	int held = sk->state != BPF_TCP_LISTEN_;
-	if (!held && f->cookie && th && th + 20 <= (__u8 *)data_end) {
-		if (f->v6) {
-			if (l3 + 40 <= (__u8 *)data_end)
-				held = bpf_tcp_check_syncookie(sk, l3, 40, (void *)th, 20) == 0;
-		} else if (l3 + 20 <= (__u8 *)data_end) {
-			held = bpf_tcp_check_syncookie(sk, l3, 20, (void *)th, 20) == 0;
+	__u32 l3_off = f->l3_off, th_off = f->th_off;
+	if (!held && f->cookie && f->has_th && l3_off <= 64 && th_off <= 2048) {
+		__u8 *l3 = data + l3_off, *th = data + th_off;
+		if (th + 20 <= (__u8 *)data_end) {
+			if (f->v6) {
+				if (l3 + 40 <= (__u8 *)data_end)
+					held = bpf_tcp_check_syncookie(sk, l3, 40, (void *)th, 20) == 0;
+			} else if (l3 + 20 <= (__u8 *)data_end) {
+				held = bpf_tcp_check_syncookie(sk, l3, 20, (void *)th, 20) == 0;
+			}
 		}
 	}
 	bpf_sk_release(sk);
@@ -491,6 +498,16 @@ static __always_inline int vip6_index(__u32 version, __u8 *a, __u32 *idx)
 	}
 	return 0;
 }
+
+// The build's context, and whether an accepted frame gets the interface's
+// MAC as destination (XDP) or keeps it (tc, which marks the skb instead).
+#ifdef SHOAL_TC
+typedef struct __sk_buff shoal_ctx;
+#define REWRITE 0
+#else
+typedef struct xdp_md shoal_ctx;
+#define REWRITE 1
+#endif
 
 // rule_affinity returns the affinity of the rule in slot.
 static __always_inline __u8 rule_affinity(__u32 version, __u32 slot)
@@ -686,9 +703,7 @@ static __always_inline int walk_ipv6(__u8 *base, __u32 len, void *data_end, stru
 	return 0;
 }
 
-// embedded6 reads the flow of the packet an ICMPv6 error quotes: e, elen
-// bytes of the error's payload. The quoted packet went from a VIP to a
-// client; src is the error's sender.
+// embedded6 is shoal_embedded6's body, with the pointers made.
 static __always_inline int embedded6(__u8 *e, __u32 elen, __u8 *src, void *data_end, __u32 version, struct flow *f)
 {
 	if (elen < 40)
@@ -735,9 +750,32 @@ static __always_inline int embedded6(__u8 *e, __u32 elen, __u8 *src, void *data_
 	return P_JUDGE;
 }
 
+// shoal_embedded6 reads the flow of the packet an ICMPv6 error quotes: e,
+// elen bytes of the error's payload. The quoted packet went from a VIP to a
+// client; src is the error's sender.
+// It is a global function, at e_off and src_off in the frame, so the
+// verifier checks it once rather than once for each way the outer
+// extension-header walk can end.
+// (At most five arguments: e_off and elen travel as e_off << 16 | elen.)
+__attribute__((noinline)) int shoal_embedded6(shoal_ctx *ctx, struct flow *f, __u32 e, __u32 src_off, __u32 version)
+{
+	if (!f)
+		return P_MALFORMED;
+	__u32 e_off = e >> 16, elen = e & 0xffff;
+	__u8 *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	version &= 1;
+	if (e_off > 2048 || src_off > 64)
+		return P_MALFORMED; // cannot happen: tells the verifier
+	__u8 *src = data + src_off;
+	if (src + 16 > (__u8 *)data_end)
+		return P_MALFORMED;
+	return embedded6(data + e_off, elen, src, data_end, version, f);
+}
+
 // parse6 reads the flow of the IPv6 packet ip (40 bytes of it are within
 // the frame). Non-VIP IPv6 passes: heartbeats are IPv4.
-static __always_inline int parse6(__u8 *ip, void *data_end, __u32 version, struct flow *f, __u8 **th)
+static __always_inline int parse6(shoal_ctx *ctx, __u8 *data, __u8 *ip, void *data_end, __u32 version, struct flow *f, __u8 **th)
 {
 	__u32 vidx;
 	if (!vip6_index(version, ip + 24, &vidx))
@@ -818,89 +856,68 @@ static __always_inline int parse6(__u8 *ip, void *data_end, __u32 version, struc
 		if (type >= 133 && type <= 137)
 			return P_PASS; // Neighbor Discovery: the agent's and the kernel's
 		if (type >= 1 && type <= 4)
-			return embedded6(l4 + 8, l4len - 8, ip + 8, data_end, version, f);
+			return shoal_embedded6(ctx, f, (__u32)((long)(l4 + 8) - (long)data) << 16 | ((l4len - 8) & 0xffff),
+					       (long)(ip + 8) - (long)data, version);
 	}
 	// ICMPv6 that is not an error (echo requests...), and other protocols.
 	key6(f, AFF_SINGLE, ip + 8, 0);
 	return P_JUDGE;
 }
 
-SEC("xdp")
-int shoal_xdp(struct xdp_md *ctx)
+// What the data plane decides: the frame passes untouched, is dropped, or
+// is VIP traffic this node keeps.
+#define V_DROP XDP_DROP
+#define V_PASS XDP_PASS
+#define V_ACCEPT 100
+
+// accept counts an accepted frame under slot and rewrites its destination
+// MAC to mac when the build does.
+static __always_inline int accept(shoal_ctx *ctx, __u32 slot, __u8 *mac)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-
-	if ((void *)(eth + 1) > data_end)
-		return XDP_PASS;
-	__u16 et = eth->h_proto;
-	__u8 *ip = (__u8 *)(eth + 1);
-	if (et == bpf_htons(ETH_P_8021Q_)) {
-		if (ip + 4 > (__u8 *)data_end)
-			return XDP_PASS;
-		et = *(__u16 *)(ip + 2);
-		ip += 4;
+	if (REWRITE) {
+		struct ethhdr *eth = (void *)(long)ctx->data;
+		if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+			return V_PASS; // cannot happen: the parser read further
+		__builtin_memcpy(eth->h_dest, mac, 6);
 	}
-	int v6 = et == bpf_htons(ETH_P_IPV6_);
-	if (et != bpf_htons(ETH_P_IP_) && !v6)
-		return XDP_PASS;
-	if (ip + (v6 ? 40 : 20) > (__u8 *)data_end)
-		return XDP_PASS;
+	count(slot, C_ACCEPTED);
+	return V_ACCEPT;
+}
 
-	__u32 zero = 0;
-	__u32 *ver = bpf_map_lookup_elem(&active, &zero);
-	if (!ver)
-		return XDP_PASS;
-	__u32 version = *ver & 1;
-
-	struct flow f = {};
-	__u8 *th = 0; // the TCP header, for the SYN-cookie check
-	int p;
-	if (v6) {
-		if (ip + 40 > (__u8 *)data_end)
-			return XDP_PASS;
-		p = parse6(ip, data_end, version, &f, &th);
-	} else {
-		if (ip + 20 > (__u8 *)data_end)
-			return XDP_PASS;
-		p = parse4(ip, data_end, version, &f, &th);
-	}
-	switch (p) {
-	case P_PASS:
-		return XDP_PASS;
-	case P_HB_DROP:
-		return XDP_DROP;
-	case P_MALFORMED:
-		return drop(0, R_MALFORMED);
-	}
-
-	// From here on the packet is VIP traffic: counted, accepted or dropped.
-	if (f.later_frag) {
-		struct frag_verdict *fv = bpf_map_lookup_elem(&frags, &f.fk);
+// shoal_verdict is the verdict core both parsers hand their flow to: the
+// fragment memory, the bucket, its state, the socket lookup, the counters.
+// (As a global function it would be verified once, but the per-packet call
+// and the flow read through memory cost 8 ns on the owned path; inlined,
+// the verifier still sees it only a few times, since the parsers' ways to
+// reach it are few once shoal_embedded6 is a function of its own.)
+static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 version)
+{
+	if (f->later_frag) {
+		struct frag_key fk = f->fk;
+		struct frag_verdict *fv = bpf_map_lookup_elem(&frags, &fk);
 		if (fv) {
 			__u32 fslot = fv->slot;
+			if (fslot >= MAX_SLOTS)
+				fslot = 0;
 			if (!fv->accept)
 				return drop(fslot, fv->reason);
 			struct settings *fs = bpf_map_lookup_elem(&settings, &version);
 			if (!fs)
-				return XDP_PASS;
-			__builtin_memcpy(eth->h_dest, fs->mac, 6);
-			count(fslot, C_ACCEPTED);
-			return XDP_PASS;
+				return V_PASS;
+			return accept(ctx, fslot, fs->mac);
 		}
 	}
 
-	__u32 slot = f.slot;
+	__u32 slot = f->slot;
 	if (slot >= MAX_SLOTS)
 		slot = 0;
 	struct settings *s = bpf_map_lookup_elem(&settings, &version);
 	if (!s)
-		return XDP_PASS;
-	__u32 nkey = f.nkey;
+		return V_PASS;
+	__u32 nkey = f->nkey;
 	if (nkey > MAX_KEY)
 		nkey = MAX_KEY;
-	__u32 bucket = shoal_hash(s->seed, f.key, nkey) & (NUM_BUCKETS - 1);
+	__u32 bucket = shoal_hash(s->seed, f->key, nkey) & (NUM_BUCKETS - 1);
 
 	__u32 reason = 0;
 	__u32 rkey = version * MAX_SLOTS + slot;
@@ -914,17 +931,19 @@ int shoal_xdp(struct xdp_md *ctx)
 	if ((st == ST_OWNED || st == ST_OWNED_DIRTY) && lease_expired())
 		st = ST_DRAINING;
 
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
 	switch (st) {
 	case ST_OWNED:
 		break;
 	case ST_OWNED_DIRTY:
-		if (f.tcp && !f.syn && !holds_conn(ctx, &f, ip, th, data_end))
+		if (f->tcp && !f->syn && !holds_conn(ctx, f, data, data_end))
 			reason = R_DIRTY_NO_CONN;
 		break;
 	case ST_DRAINING:
 		// A SYN opens a new connection, never this node's here, even if it
 		// finds the TIME_WAIT socket of an old one on the same ports.
-		if (!f.tcp || f.syn || !holds_conn(ctx, &f, ip, th, data_end))
+		if (!f->tcp || f->syn || !holds_conn(ctx, f, data, data_end))
 			reason = R_DRAIN_NO_CONN;
 		break;
 	default:
@@ -932,18 +951,110 @@ int shoal_xdp(struct xdp_md *ctx)
 	}
 
 verdict:
-	if (f.first_frag) {
+	if (f->first_frag) {
+		struct frag_key fk = f->fk;
 		struct frag_verdict fv = {.slot = slot, .accept = !reason, .reason = reason};
-		bpf_map_update_elem(&frags, &f.fk, &fv, BPF_ANY);
+		bpf_map_update_elem(&frags, &fk, &fv, BPF_ANY);
 	}
 	if (reason)
 		return drop(slot, reason);
 	// Accept: make the frame this host's, then let the stack have it.
-	__builtin_memcpy(eth->h_dest, s->mac, 6);
-	count(slot, C_ACCEPTED);
-	return XDP_PASS;
+	return accept(ctx, slot, s->mac);
 }
 
+// shoal_judge parses the frame of ctx and judges it (shoal_verdict).
+static __always_inline int shoal_judge(shoal_ctx *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return V_PASS;
+	__u16 et = eth->h_proto;
+	__u8 *ip = (__u8 *)(eth + 1);
+	if (et == bpf_htons(ETH_P_8021Q_)) {
+		if (ip + 4 > (__u8 *)data_end)
+			return V_PASS;
+		et = *(__u16 *)(ip + 2);
+		ip += 4;
+	}
+	int v6 = et == bpf_htons(ETH_P_IPV6_);
+	if (et != bpf_htons(ETH_P_IP_) && !v6)
+		return V_PASS;
+	if (ip + (v6 ? 40 : 20) > (__u8 *)data_end)
+		return V_PASS;
+
+	__u32 zero = 0;
+	__u32 *ver = bpf_map_lookup_elem(&active, &zero);
+	if (!ver)
+		return V_PASS;
+	__u32 version = *ver & 1;
+
+	struct flow f = {};
+	__u8 *th = 0; // the TCP header, for the SYN-cookie check
+	int p;
+	if (v6) {
+		if (ip + 40 > (__u8 *)data_end)
+			return V_PASS;
+		p = parse6(ctx, data, ip, data_end, version, &f, &th);
+	} else {
+		if (ip + 20 > (__u8 *)data_end)
+			return V_PASS;
+		p = parse4(ip, data_end, version, &f, &th);
+	}
+	switch (p) {
+	case P_PASS:
+		return V_PASS;
+	case P_HB_DROP:
+		return V_DROP;
+	case P_MALFORMED:
+		return drop(0, R_MALFORMED);
+	}
+	// VIP traffic: counted, accepted or dropped.
+	f.l3_off = (long)ip - (long)data;
+	if (th) {
+		f.th_off = (long)th - (long)data;
+		f.has_th = 1;
+	}
+	return shoal_verdict(ctx, &f, version);
+}
+
+#ifndef SHOAL_TC
+SEC("xdp")
+int shoal_xdp(struct xdp_md *ctx)
+{
+	int v = shoal_judge(ctx);
+	return v == V_ACCEPT ? XDP_PASS : v;
+}
+
+#else
+#define TC_ACT_OK_ 0
+#define TC_ACT_SHOT_ 2
+#define PACKET_HOST_ 0
+
+// shoal_tc is the same data plane for tc ingress (clsact): an accepted
+// frame keeps its destination MAC and the skb is marked as this host's
+// (bpf_skb_change_type), which a tc program can do and XDP cannot. A
+// non-linear skb is made linear first, as generic XDP does, so both judge
+// the same bytes. It is a build of its own (-DSHOAL_TC, the shoalTc
+// objects, generated for the tests only): the attach-mode benchmark
+// (BenchmarkVethAttach) loads it over the data plane's maps.
+SEC("tc")
+int shoal_tc(struct __sk_buff *skb)
+{
+	if ((long)skb->data_end - (long)skb->data < (long)skb->len)
+		bpf_skb_pull_data(skb, skb->len);
+	int v = shoal_judge(skb);
+	if (v == V_DROP)
+		return TC_ACT_SHOT_;
+	if (v == V_ACCEPT)
+		bpf_skb_change_type(skb, PACKET_HOST_);
+	return TC_ACT_OK_;
+}
+#endif
+
+#ifndef SHOAL_TC
 // shoal_hash_probe exposes shoal_hash to the tests: the packet holds seed,
 // the number of key words (2 or 5) and five key words (host-endian), and
 // the program writes the hash after them.
@@ -964,5 +1075,6 @@ int shoal_hash_probe(struct xdp_md *ctx)
 	w[7] = shoal_hash(w[0], k, n);
 	return XDP_PASS;
 }
+#endif
 
 char _license[] SEC("license") = "Dual MIT/GPL";
