@@ -24,7 +24,7 @@ func TestClusterMAC(t *testing.T) {
 		// The last four bytes of this IPv6 VIP are 198.18.7.100's: the
 		// second byte still tells them apart.
 		{"2001:db8::c612:764", "", "03:be:c6:12:07:64"},
-		{"2001:db8::c612:764", rules.MACIGMP, "03:be:c6:12:07:64"}, // no MLD group yet
+		{"2001:db8::c612:764", rules.MACIGMP, "33:33:ef:ff:07:64"}, // of the MLD group ff05::efff:764
 	}
 	for _, tt := range tests {
 		if got := ClusterMAC(netip.MustParseAddr(tt.vip), tt.mode).String(); got != tt.want {

@@ -461,14 +461,22 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	maddr := func() string { return ipCmd(t, "maddr", "show", "dev", hostTestIf) }
 	igmpMAC, group := ClusterMAC(hostVIP3, rules.MACIGMP).String(), rules.IGMPGroup(hostVIP3).String()
 	mcastMAC := ClusterMAC(hostVIP3, rules.MACMulticast).String()
-	h.setVIPs([]netip.Addr{hostVIP3}, rules.MACIGMP)
+	mld, mldMAC := rules.IGMPGroup(hostVIP6).String(), ClusterMAC(hostVIP6, rules.MACIGMP).String()
+	h.setVIPs([]netip.Addr{hostVIP3, hostVIP6}, rules.MACIGMP)
 	pollFor(t, 5*time.Second, "igmp mode: arp answers with the group's mac", func() error {
 		_, err := askARP(hostVIP3, rules.MACIGMP)
 		return err
 	})
-	pollFor(t, 5*time.Second, "igmp mode: group and mac on the interface", func() error {
-		if m := maddr(); !strings.Contains(m, "inet  "+group) || !strings.Contains(m, igmpMAC) || strings.Contains(m, mcastMAC) {
-			return fmt.Errorf("want %s and %s, not %s:\n%s", group, igmpMAC, mcastMAC, m)
+	pollFor(t, 5*time.Second, "igmp mode: ndp answers with the mld group's mac", answeredNDPIn(t, hostVIP6, ifMAC(), rules.MACIGMP))
+	pollFor(t, 5*time.Second, "igmp mode: groups and macs on the interface", func() error {
+		m := maddr()
+		for _, want := range []string{"inet  " + group, "inet6 " + mld, igmpMAC, mldMAC} {
+			if !strings.Contains(m, want) {
+				return fmt.Errorf("want %s:\n%s", want, m)
+			}
+		}
+		if strings.Contains(m, mcastMAC) {
+			return fmt.Errorf("want no %s:\n%s", mcastMAC, m)
 		}
 		return nil
 	})
@@ -477,7 +485,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 		if _, err := askARP(hostVIP3, rules.MACMulticast); err != nil {
 			return err
 		}
-		if m := maddr(); strings.Contains(m, group) || strings.Contains(m, igmpMAC) || !strings.Contains(m, mcastMAC) {
+		if m := maddr(); strings.Contains(m, group) || strings.Contains(m, igmpMAC) || strings.Contains(m, mld) || !strings.Contains(m, mcastMAC) {
 			return fmt.Errorf("want %s only:\n%s", mcastMAC, m)
 		}
 		return nil

@@ -8,34 +8,63 @@ import (
 	"slices"
 
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 
 	"github.com/shoalnet/shoal/rules"
 )
 
 // groupMember holds the node's membership of the igmp mode's groups on the
-// cluster interface, through a UDP socket's IP_ADD_MEMBERSHIP: the kernel
-// then sends the IGMP reports and answers the queriers, so a snooping
-// switch keeps forwarding the cluster MAC to this port. Closing the socket
-// (the agent's end, however it ends) leaves every group.
+// cluster interface, through UDP sockets' IP_ADD_MEMBERSHIP (IPv4 VIPs'
+// groups) and IPV6_JOIN_GROUP (IPv6 VIPs'): the kernel then sends the IGMP
+// and MLD reports and answers the queriers, so a snooping switch keeps
+// forwarding the cluster MAC to this port. Closing the sockets (the
+// agent's end, however it ends) leaves every group.
 type groupMember struct {
-	conn    net.PacketConn
-	pc      *ipv4.PacketConn
-	ifindex int          // the interface joined holds on
-	joined  []netip.Addr // owned by the host goroutine
+	conn4, conn6 net.PacketConn // conn6 nil where IPv6 is off
+	pc4          *ipv4.PacketConn
+	pc6          *ipv6.PacketConn
+	ifindex      int          // the interface joined holds on
+	joined       []netip.Addr // owned by the host goroutine
 }
 
-// listenGroups opens the socket that holds the memberships. It binds an
-// ephemeral port nobody sends to; what it receives is never read.
+// listenGroups opens the sockets that hold the memberships. They bind an
+// ephemeral port nobody sends to; what they receive is never read. A host
+// without IPv6 gets no IPv6 socket (and fails to join an IPv6 VIP's group).
 func listenGroups() (*groupMember, error) {
 	c, err := net.ListenPacket("udp4", "0.0.0.0:0")
 	if err != nil {
 		return nil, fmt.Errorf("open igmp membership socket: %w", err)
 	}
-	return &groupMember{conn: c, pc: ipv4.NewPacketConn(c)}, nil
+	g := &groupMember{conn4: c, pc4: ipv4.NewPacketConn(c)}
+	if c6, err := net.ListenPacket("udp6", "[::]:0"); err == nil {
+		g.conn6, g.pc6 = c6, ipv6.NewPacketConn(c6)
+	}
+	return g, nil
 }
 
-// groupsOf returns the groups the node joins for set: those of its IPv4
-// VIPs in igmp mode, none in multicast mode.
+// join and leave join or leave group on ifi with the socket of its family.
+func (g *groupMember) join(ifi *net.Interface, group netip.Addr) error {
+	if group.Is4() {
+		return g.pc4.JoinGroup(ifi, &net.UDPAddr{IP: group.AsSlice()})
+	}
+	if g.pc6 == nil {
+		return errors.New("no IPv6 on this host")
+	}
+	return g.pc6.JoinGroup(ifi, &net.UDPAddr{IP: group.AsSlice()})
+}
+
+func (g *groupMember) leave(ifi *net.Interface, group netip.Addr) error {
+	if group.Is4() {
+		return g.pc4.LeaveGroup(ifi, &net.UDPAddr{IP: group.AsSlice()})
+	}
+	if g.pc6 == nil {
+		return errors.New("no IPv6 on this host")
+	}
+	return g.pc6.LeaveGroup(ifi, &net.UDPAddr{IP: group.AsSlice()})
+}
+
+// groupsOf returns the groups the node joins for set: those of its VIPs
+// (IGMP for IPv4, MLD for IPv6) in igmp mode, none in multicast mode.
 func groupsOf(set vipSet) []netip.Addr {
 	if set.mode != rules.MACIGMP {
 		return nil
@@ -65,8 +94,8 @@ func (g *groupMember) set(ifindex int, groups []netip.Addr) error {
 	for _, gr := range g.joined {
 		if slices.Contains(groups, gr) {
 			joined = append(joined, gr)
-		} else if err := g.pc.LeaveGroup(ifi, &net.UDPAddr{IP: gr.AsSlice()}); err != nil {
-			errs = append(errs, fmt.Errorf("leave igmp group %s on %s: %w", gr, ifi.Name, err))
+		} else if err := g.leave(ifi, gr); err != nil {
+			errs = append(errs, fmt.Errorf("leave group %s on %s: %w", gr, ifi.Name, err))
 			joined = append(joined, gr)
 		}
 	}
@@ -74,8 +103,8 @@ func (g *groupMember) set(ifindex int, groups []netip.Addr) error {
 		if slices.Contains(joined, gr) {
 			continue
 		}
-		if err := g.pc.JoinGroup(ifi, &net.UDPAddr{IP: gr.AsSlice()}); err != nil {
-			errs = append(errs, fmt.Errorf("join igmp group %s on %s: %w", gr, ifi.Name, err))
+		if err := g.join(ifi, gr); err != nil {
+			errs = append(errs, fmt.Errorf("join group %s on %s: %w", gr, ifi.Name, err))
 			continue
 		}
 		joined = append(joined, gr)
@@ -85,4 +114,10 @@ func (g *groupMember) set(ifindex int, groups []netip.Addr) error {
 }
 
 // close leaves every group.
-func (g *groupMember) close() error { return g.conn.Close() }
+func (g *groupMember) close() error {
+	err := g.conn4.Close()
+	if g.conn6 != nil {
+		err = errors.Join(err, g.conn6.Close())
+	}
+	return err
+}

@@ -65,7 +65,7 @@ func (v ndpVerdict) String() string {
 // advertisement comes from the VIP itself (an address of this host, on lo),
 // is solicited, and overrides: every node answers alike, and a client that
 // cached another MAC for the VIP must take the cluster MAC.
-func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte, ndpVerdict) {
+func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) ([]byte, ndpVerdict) {
 	if len(frame) < ethHeaderLen+ipv6HeaderLen || binary.BigEndian.Uint16(frame[12:14]) != etherTypeIPv6 {
 		return nil, ndpMalformed
 	}
@@ -107,7 +107,7 @@ func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte,
 	}
 	na := &ndp.NeighborAdvertisement{
 		Solicited: true, Override: true, TargetAddress: ns.TargetAddress,
-		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ns.TargetAddress, rules.MACMulticast)}},
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ns.TargetAddress, mode)}},
 	}
 	f, err := ipv6Frame(mac, ownMAC, ns.TargetAddress, src, na)
 	if err != nil {
@@ -120,10 +120,10 @@ func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr) ([]byte,
 // (ff02::1), so clients and routers that cached another MAC learn the
 // right one. Not solicited: RFC 4861 forbids the flag to a multicast
 // destination.
-func unsolicitedNA(ownMAC net.HardwareAddr, vip netip.Addr) []byte {
+func unsolicitedNA(ownMAC net.HardwareAddr, vip netip.Addr, mode rules.MACMode) []byte {
 	na := &ndp.NeighborAdvertisement{
 		Override: true, TargetAddress: vip,
-		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(vip, rules.MACMulticast)}},
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(vip, mode)}},
 	}
 	f, err := ipv6Frame(allNodesMAC, ownMAC, vip, allNodes, na)
 	if err != nil {

@@ -60,22 +60,22 @@ type ndpResponder struct {
 	ownMAC func() net.HardwareAddr
 	limit  *rate.Limiter
 	stats  *ndpStats
-	vips   atomic.Pointer[[]netip.Addr]
-	groups *ipv6.PacketConn // nil until an IPv6 VIP needs a group; owned by the host
-	joined []netip.Addr     // solicited-node groups joined; owned by the host
+	vips   atomic.Pointer[vipSet] // its IPv6 VIPs and the MAC mode
+	groups *ipv6.PacketConn       // nil until an IPv6 VIP needs a group; owned by the host
+	joined []netip.Addr           // solicited-node groups joined; owned by the host
 
 	done chan struct{} // closed when serve returns
 	err  error         // why serve returned; read after done
 }
 
 // listenNDP opens the responder on ifi for vips and starts answering.
-func listenNDP(ifi *net.Interface, vips []netip.Addr, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *ndpStats) (*ndpResponder, error) {
+func listenNDP(ifi *net.Interface, vips vipSet, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *ndpStats) (*ndpResponder, error) {
 	conn, err := packet.Listen(ifi, packet.Raw, etherTypeIPv6, &packet.Config{Filter: nsFilter})
 	if err != nil {
 		return nil, fmt.Errorf("open ndp socket on %s: %w", ifi.Name, err)
 	}
 	n := &ndpResponder{conn: conn, ifi: ifi, ownMAC: ownMAC, limit: limit, stats: stats, done: make(chan struct{})}
-	n.vips.Store(&[]netip.Addr{})
+	n.vips.Store(&vipSet{})
 	if err := n.setVIPs(vips); err != nil {
 		n.closeSockets()
 		return nil, fmt.Errorf("%s: %w", ifi.Name, err)
@@ -87,13 +87,13 @@ func listenNDP(ifi *net.Interface, vips []netip.Addr, ownMAC func() net.Hardware
 	return n, nil
 }
 
-// setVIPs makes the responder answer for the IPv6 VIPs of vips and holds
-// the membership of exactly their solicited-node groups. Not safe for
-// concurrent use with itself.
-func (n *ndpResponder) setVIPs(vips []netip.Addr) error {
+// setVIPs makes the responder answer for the IPv6 VIPs of set, at their
+// cluster MAC in its mode, and holds the membership of exactly their
+// solicited-node groups. Not safe for concurrent use with itself.
+func (n *ndpResponder) setVIPs(set vipSet) error {
 	var v6 []netip.Addr
 	var want []netip.Addr
-	for _, v := range vips {
+	for _, v := range set.vips {
 		if v.Is6() && !v.Is4In6() {
 			v6 = append(v6, v)
 			if g := solicitedNode(v); !slices.Contains(want, g) {
@@ -130,7 +130,7 @@ func (n *ndpResponder) setVIPs(vips []netip.Addr) error {
 		joined = append(joined, g)
 	}
 	n.joined = joined
-	n.vips.Store(&v6)
+	n.vips.Store(&vipSet{v6, set.mode})
 	return errors.Join(errs...)
 }
 
@@ -145,7 +145,8 @@ func (n *ndpResponder) serve() error {
 			}
 			return fmt.Errorf("read ndp: %w", err)
 		}
-		reply, v := ndpReply(buf[:k], n.ownMAC(), *n.vips.Load())
+		set := n.vips.Load()
+		reply, v := ndpReply(buf[:k], n.ownMAC(), set.vips, set.mode)
 		if v == ndpReplied {
 			if !n.limit.Allow() {
 				v = ndpRateLimited
@@ -158,14 +159,15 @@ func (n *ndpResponder) serve() error {
 }
 
 // announce sends an unsolicited Neighbor Advertisement for each IPv6 VIP
-// of vips.
+// of vips, at its cluster MAC in the responder's mode.
 func (n *ndpResponder) announce(vips []netip.Addr) error {
 	var errs []error
+	mode := n.vips.Load().mode
 	for _, vip := range vips {
 		if !vip.Is6() || vip.Is4In6() {
 			continue
 		}
-		f := unsolicitedNA(n.ownMAC(), vip)
+		f := unsolicitedNA(n.ownMAC(), vip, mode)
 		if _, err := n.conn.WriteTo(f, &packet.Addr{HardwareAddr: allNodesMAC}); err != nil {
 			errs = append(errs, fmt.Errorf("unsolicited neighbor advertisement for %s: %w", vip, err))
 		}

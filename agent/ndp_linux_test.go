@@ -215,13 +215,18 @@ func solicit(t *testing.T, cns string, target netip.Addr, wait time.Duration) []
 // peer in this namespace, gets exactly one advertisement: the cluster MAC,
 // from mac.
 func answeredNDP(t *testing.T, vip netip.Addr, mac net.HardwareAddr) func() error {
+	return answeredNDPIn(t, vip, mac, rules.MACMulticast)
+}
+
+// answeredNDPIn is answeredNDP for the cluster MAC of mode.
+func answeredNDPIn(t *testing.T, vip netip.Addr, mac net.HardwareAddr, mode rules.MACMode) func() error {
 	return func() error {
 		nas := solicit(t, "", vip, 300*time.Millisecond)
 		if len(nas) != 1 {
 			return fmt.Errorf("%d advertisements for %s, want 1: %v", len(nas), vip, nas)
 		}
-		if !bytes.Equal(nas[0].tlla, ClusterMAC(vip, rules.MACMulticast)) || !bytes.Equal(nas[0].ethSrc, mac) {
-			return fmt.Errorf("advertisement for %s says %s, from %s; want %s from %s", vip, nas[0].tlla, nas[0].ethSrc, ClusterMAC(vip, rules.MACMulticast), mac)
+		if !bytes.Equal(nas[0].tlla, ClusterMAC(vip, mode)) || !bytes.Equal(nas[0].ethSrc, mac) {
+			return fmt.Errorf("advertisement for %s says %s, from %s; want %s from %s", vip, nas[0].tlla, nas[0].ethSrc, ClusterMAC(vip, mode), mac)
 		}
 		return nil
 	}

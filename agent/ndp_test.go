@@ -97,31 +97,37 @@ func TestNDPReply(t *testing.T) {
 		{"asker claims the vip", solicitation(t, ndpClient, ndpVIP, snm, ndpVIP, ndpClient), ndpBadSender, nil},
 		{"multicast source link-layer address", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, ClusterMAC(ndpVIP, rules.MACMulticast)), ndpBadSender, nil},
 		{"multicast ethernet source", solicitation(t, ClusterMAC(ndpVIP, rules.MACMulticast), ndpAsker, snm, ndpVIP, ndpClient), ndpBadSender, nil},
-		{"another node's advertisement", unsolicitedNA(ndpOwn, ndpVIP), ndpNotForVIP, nil},
+		{"another node's advertisement", unsolicitedNA(ndpOwn, ndpVIP, rules.MACMulticast), ndpNotForVIP, nil},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			reply, v := ndpReply(tc.frame, ndpOwn, vips)
-			if v != tc.want || (reply != nil) != (tc.want == ndpReplied) {
-				t.Fatalf("verdict %s (reply %v), want %s", v, reply != nil, tc.want)
-			}
-			if reply == nil {
-				return
-			}
-			if !bytes.Equal(reply[0:6], tc.replyTo) || !bytes.Equal(reply[6:12], ndpOwn) {
-				t.Errorf("ethernet %s -> %s, want %s -> %s (a multicast source is dropped by switches)", net.HardwareAddr(reply[6:12]), net.HardwareAddr(reply[0:6]), ndpOwn, tc.replyTo)
-			}
-			src, dst, na := parseNA(t, reply)
-			asker := netip.AddrFrom16([16]byte(tc.frame[ethHeaderLen+8 : ethHeaderLen+24]))
-			if src != ndpVIP || dst != asker {
-				t.Errorf("ipv6 %s -> %s, want %s -> %s", src, dst, ndpVIP, asker)
-			}
-			want := &ndp.NeighborAdvertisement{Solicited: true, Override: true, TargetAddress: ndpVIP,
-				Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ndpVIP, rules.MACMulticast)}}}
-			if diff := cmp.Diff(want, na, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
-				t.Errorf("advertisement (-want +got):\n%s", diff)
-			}
-		})
+		for _, mode := range macModes {
+			t.Run(tc.name+" "+mode.String(), func(t *testing.T) { testNDPReply(t, tc.frame, tc.want, tc.replyTo, vips, mode) })
+		}
+	}
+}
+
+// testNDPReply checks ndpReply's verdict on frame in mode and, for a
+// reply, its framing and the cluster MAC it advertises.
+func testNDPReply(t *testing.T, frame []byte, want ndpVerdict, replyTo net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) {
+	reply, v := ndpReply(frame, ndpOwn, vips, mode)
+	if v != want || (reply != nil) != (want == ndpReplied) {
+		t.Fatalf("verdict %s (reply %v), want %s", v, reply != nil, want)
+	}
+	if reply == nil {
+		return
+	}
+	if !bytes.Equal(reply[0:6], replyTo) || !bytes.Equal(reply[6:12], ndpOwn) {
+		t.Errorf("ethernet %s -> %s, want %s -> %s (a multicast source is dropped by switches)", net.HardwareAddr(reply[6:12]), net.HardwareAddr(reply[0:6]), ndpOwn, replyTo)
+	}
+	src, dst, na := parseNA(t, reply)
+	asker := netip.AddrFrom16([16]byte(frame[ethHeaderLen+8 : ethHeaderLen+24]))
+	if src != ndpVIP || dst != asker {
+		t.Errorf("ipv6 %s -> %s, want %s -> %s", src, dst, ndpVIP, asker)
+	}
+	wantNA := &ndp.NeighborAdvertisement{Solicited: true, Override: true, TargetAddress: ndpVIP,
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ClusterMAC(ndpVIP, mode)}}}
+	if diff := cmp.Diff(wantNA, na, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("advertisement (-want +got):\n%s", diff)
 	}
 }
 
@@ -146,17 +152,17 @@ func TestNDPReplyMalformed(t *testing.T) {
 		}),
 	}
 	for name, f := range tests {
-		if _, v := ndpReply(f, ndpOwn, vips); v != ndpMalformed {
+		if _, v := ndpReply(f, ndpOwn, vips, rules.MACMulticast); v != ndpMalformed {
 			t.Errorf("%s: verdict %s, want malformed", name, v)
 		}
 	}
-	if _, v := ndpReply(good, ndpOwn, vips); v != ndpReplied {
+	if _, v := ndpReply(good, ndpOwn, vips, rules.MACMulticast); v != ndpReplied {
 		t.Errorf("the unmodified frame: verdict %s", v)
 	}
 }
 
 func TestUnsolicitedNA(t *testing.T) {
-	f := unsolicitedNA(ndpOwn, ndpVIP)
+	f := unsolicitedNA(ndpOwn, ndpVIP, rules.MACMulticast)
 	if !bytes.Equal(f[0:6], allNodesMAC) || !bytes.Equal(f[6:12], ndpOwn) {
 		t.Errorf("ethernet header %x", f[:14])
 	}
@@ -172,10 +178,10 @@ func TestUnsolicitedNA(t *testing.T) {
 func FuzzNDPReply(f *testing.F) {
 	vips := []netip.Addr{ndpVIP}
 	f.Add(solicitation(f, ndpClient, ndpAsker, solicitedNode(ndpVIP), ndpVIP, ndpClient))
-	f.Add(unsolicitedNA(ndpOwn, ndpVIP))
+	f.Add(unsolicitedNA(ndpOwn, ndpVIP, rules.MACMulticast))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		reply, v := ndpReply(b, ndpOwn, vips)
+		reply, v := ndpReply(b, ndpOwn, vips, rules.MACMulticast)
 		if (v == ndpReplied) != (reply != nil) {
 			t.Fatalf("verdict %s with reply %x", v, reply)
 		}

@@ -270,23 +270,23 @@ func (h *host) applyVIPs(set vipSet) error {
 		h.log.Info("mac mode changed: re-announcing every vip", "mode", set.mode, "was", h.mode)
 	}
 	h.vips, h.mode = vips, set.mode
+	announce := added
+	if modeChanged {
+		announce = vips
+	}
 	if h.arp != nil {
 		if err := h.arp.setVIPs(vipSet{vips, set.mode}); err != nil {
 			errs = append(errs, err)
-		}
-		announce := added
-		if modeChanged {
-			announce = vips
 		}
 		if err := h.arp.announce(announce); err != nil {
 			h.log.Warn("gratuitous arp", "err", err)
 		}
 	}
 	if h.ndp != nil {
-		if err := h.ndp.setVIPs(vips); err != nil {
+		if err := h.ndp.setVIPs(vipSet{vips, set.mode}); err != nil {
 			errs = append(errs, err)
 		}
-		if err := h.ndp.announce(added); err != nil {
+		if err := h.ndp.announce(announce); err != nil {
 			h.log.Warn("unsolicited neighbor advertisement", "err", err)
 		}
 	}
@@ -346,7 +346,7 @@ func (h *host) openNDP() error {
 	if err != nil {
 		return fmt.Errorf("cluster interface %s: %w", h.ifname, err)
 	}
-	n, err := listenNDP(ifi, h.vips, h.MAC, h.ndpLimit, h.ndpStats)
+	n, err := listenNDP(ifi, vipSet{h.vips, h.mode}, h.MAC, h.ndpLimit, h.ndpStats)
 	if err != nil {
 		return err
 	}

@@ -52,12 +52,16 @@ func (m MACMode) String() string {
 	return string(m)
 }
 
-// ClusterMAC returns the MAC that a VIP resolves to in mode m. Only IPv4
-// VIPs have a group (IGMPGroup): an IPv6 VIP gets the multicast mode's MAC
-// in either mode, 03:be and its last four bytes (03:be, not 03:bf, so it
-// never equals an IPv4 VIP's).
+// ClusterMAC returns the MAC that a VIP resolves to in mode m. In
+// multicast mode an IPv6 VIP's is 03:be and its last four bytes (03:be,
+// not 03:bf, so it never equals an IPv4 VIP's); in igmp mode it is the MAC
+// of its MLD group (IGMPGroup), 33:33 and the group's last four bytes.
 func (m MACMode) ClusterMAC(vip netip.Addr) net.HardwareAddr {
 	if !vip.Is4() {
+		if m == MACIGMP {
+			g := IGMPGroup(vip).As16()
+			return net.HardwareAddr{0x33, 0x33, g[12], g[13], g[14], g[15]} // RFC 2464
+		}
 		a := vip.As16()
 		return net.HardwareAddr{0x03, 0xbe, a[12], a[13], a[14], a[15]}
 	}
@@ -71,12 +75,18 @@ func (m MACMode) ClusterMAC(vip netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x03, 0xbf, b[0], b[1], b[2], b[3]}
 }
 
-// IGMPGroup returns the multicast group the nodes join for an IPv4 VIP in
-// igmp mode: 239.255 and the VIP's last two bytes, as NLB derives it. Two
-// VIPs that share their last two bytes share the group (and the MAC),
-// which only costs each node frames it drops anyway. It returns the zero
-// Addr for an address that is not IPv4.
+// IGMPGroup returns the multicast group the nodes join for a VIP in igmp
+// mode: for an IPv4 VIP 239.255 and its last two bytes, as NLB derives it;
+// for an IPv6 VIP the MLD group ff05::efff:<its last two bytes>
+// (site-local scope; the efff keeps its MAC, 33:33:ef:ff:x:y, out of the
+// solicited-node range 33:33:ff). Two VIPs that share their last two bytes
+// share the group (and the MAC), which only costs each node frames it
+// drops anyway. It returns the zero Addr for an invalid address.
 func IGMPGroup(vip netip.Addr) netip.Addr {
+	if vip.Is6() && !vip.Is4In6() {
+		a := vip.As16()
+		return netip.AddrFrom16([16]byte{0: 0xff, 1: 0x05, 12: 0xef, 13: 0xff, 14: a[14], 15: a[15]})
+	}
 	if !vip.Is4() {
 		return netip.Addr{}
 	}

@@ -17,8 +17,8 @@ func TestClusterMAC(t *testing.T) {
 		{MACMulticast, "10.1.2.3", "03:bf:0a:01:02:03", "239.255.2.3"},
 		{MACIGMP, "198.18.3.100", "01:00:5e:7f:03:64", "239.255.3.100"},
 		{MACIGMP, "192.0.2.255", "01:00:5e:7f:02:ff", "239.255.2.255"},
-		{MACIGMP, "2001:db8::c612:364", "03:be:c6:12:03:64", "invalid IP"},
-		{"", "2001:db8::10", "03:be:00:00:00:10", "invalid IP"},
+		{MACIGMP, "2001:db8::c612:364", "33:33:ef:ff:03:64", "ff05::efff:364"},
+		{"", "2001:db8::10", "03:be:00:00:00:10", "ff05::efff:10"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode.String()+" "+tt.vip, func(t *testing.T) {

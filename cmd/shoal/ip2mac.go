@@ -23,7 +23,8 @@ var ip2macCommand = &cli.Command{
 		"the cluster uses). In multicast mode an IPv4 VIP's cluster MAC is 03:bf and its\n" +
 		"four bytes, an IPv6 VIP's 03:be and its last four bytes. In igmp mode an IPv4\n" +
 		"VIP's is 01:00:5e:7f and its last two bytes, the MAC of the group 239.255.x.y\n" +
-		"every node joins (IPv6 VIPs keep their multicast-mode MAC: no MLD group yet).",
+		"every node joins; an IPv6 VIP's 33:33:ef:ff and its last two bytes, the MAC of\n" +
+		"the MLD group ff05::efff:xxyy.",
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "the cluster's MAC mode: multicast or igmp"},
 	},
@@ -53,7 +54,11 @@ func printIP2MAC(w io.Writer, vip netip.Addr, mode rules.MACMode) {
 	cisco := dotted[0:4] + "." + dotted[4:8] + "." + dotted[8:12]
 	fmt.Fprintf(w, "cluster MAC for %s (%s mode): %s\n", vip, mode, mac)
 	if g := rules.IGMPGroup(vip); mode == rules.MACIGMP && g.IsValid() {
-		fmt.Fprintf(w, "igmp group every node joins: %s (the segment needs an IGMP querier)\n", g)
+		proto := "IGMP"
+		if vip.Is6() {
+			proto = "MLD"
+		}
+		fmt.Fprintf(w, "%s group every node joins: %s (the segment needs an %s querier)\n", strings.ToLower(proto), g, proto)
 	}
 	fmt.Fprintln(w)
 	if vip.Is6() {

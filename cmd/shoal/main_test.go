@@ -70,6 +70,10 @@ func TestIP2MAC(t *testing.T) {
 		!strings.Contains(out, "lladdr 01:00:5e:7f:07:64 nud permanent") {
 		t.Errorf("igmp mode: exit %d, output:\n%s", code, out)
 	}
+	out, code = run(t, "ip2mac", "--mac-mode", "igmp", "2001:db8::c612:764")
+	if code != 0 || !strings.Contains(out, "33:33:ef:ff:07:64") || !strings.Contains(out, "mld group every node joins: ff05::efff:764") {
+		t.Errorf("igmp mode, IPv6: exit %d, output:\n%s", code, out)
+	}
 	if _, code := run(t, "ip2mac", "--mac-mode", "unicast", "198.18.7.100"); code != exitUsage {
 		t.Errorf("bad mode: exit %d, want %d", code, exitUsage)
 	}

@@ -42,7 +42,8 @@ var settingsCommand = &cli.Command{
 				"--mac-mode picks the cluster MAC every VIP resolves to, as NLB's modes:\n" +
 				"multicast (03:bf and the VIP's four bytes; switches flood it to every\n" +
 				"port) or igmp (01:00:5e:7f and the VIP's last two bytes, the MAC of the\n" +
-				"group 239.255.x.y that every node joins, so an IGMP-snooping switch\n" +
+				"group 239.255.x.y that every node joins, for an IPv6 VIP 33:33:ef:ff and\n" +
+				"its last two bytes, of the MLD group ff05::efff:xxyy; so an IGMP-snooping switch\n" +
 				"forwards the VIP's frames only to the nodes; the switch, or a router on\n" +
 				"the segment, must run an IGMP querier, or it ages the group out). Every\n" +
 				"node applies a change at once and re-announces the VIPs by gratuitous ARP;\n" +

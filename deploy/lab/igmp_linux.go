@@ -32,32 +32,36 @@ const snoopTable = "shoal_lab_snoop"
 // present it sends them to its multicast-router ports only (without one it
 // floods them). The lab therefore makes every port a router port and drops
 // the cluster MAC on the ports that are not members of the group in the
-// bridge's own table, which it learned from the nodes' real IGMP reports.
-// The membership is read once, here: it fails (and changes nothing) until
-// every node's port has joined the group.
+// bridge's own table, which it learned from the nodes' real IGMP (and, for
+// an IPv6 VIP, MLD) reports. The membership is read once, here: it fails
+// (and changes nothing) until every node's port has joined every VIP's
+// group.
 func (l *Lab) SnoopByMAC(ctx context.Context) error {
-	group := IGMPGroup(l.VIP).String()
-	members, err := l.groupPorts(ctx, group)
-	if err != nil {
-		return err
-	}
-	var missing []string
-	for _, n := range l.Nodes {
-		if !slices.Contains(members, n.BridgePort) {
-			missing = append(missing, n.Name)
+	var drops []string
+	for _, vip := range l.VIPs() {
+		group := IGMPGroup(vip).String()
+		members, err := l.groupPorts(ctx, group)
+		if err != nil {
+			return err
 		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("the switch has not seen %v join %s (members: %v)", missing, group, members)
-	}
-	quoted := make([]string, len(members))
-	for i, m := range members {
-		quoted[i] = `"` + m + `"`
+		var missing []string
+		for _, n := range l.Nodes {
+			if !slices.Contains(members, n.BridgePort) {
+				missing = append(missing, n.Name)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("the switch has not seen %v join %s (members: %v)", missing, group, members)
+		}
+		quoted := make([]string, len(members))
+		for i, m := range members {
+			quoted[i] = `"` + m + `"`
+		}
+		drops = append(drops, fmt.Sprintf("\t\tether daddr %s oifname != { %s } counter drop\n", ClusterMACIn("igmp", vip), strings.Join(quoted, ", ")))
 	}
 	rules := fmt.Sprintf("table bridge %[1]s\ndelete table bridge %[1]s\n"+
-		"table bridge %[1]s {\n\tchain forward {\n\t\ttype filter hook forward priority 0; policy accept;\n"+
-		"\t\tether daddr %[2]s oifname != { %[3]s } counter drop\n\t}\n}\n",
-		snoopTable, ClusterMACIn("igmp", l.VIP), strings.Join(quoted, ", "))
+		"table bridge %[1]s {\n\tchain forward {\n\t\ttype filter hook forward priority 0; policy accept;\n%[2]s\t}\n}\n",
+		snoopTable, strings.Join(drops, ""))
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", l.Switch, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {

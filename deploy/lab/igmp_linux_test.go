@@ -19,15 +19,22 @@ import (
 // bystander port (no agent, joined nothing) receives no VIP frame in igmp
 // mode while the nodes serve every request; switched to multicast mode at
 // runtime, the same bystander receives every VIP frame the client sends.
+// The dual lab does the same for an IPv6 VIP (MLD) beside the IPv4 one.
 func TestIGMPModeBystander(t *testing.T) {
 	needRoot(t)
 	if testing.Short() {
-		t.Skip("builds shoal and a 2-node lab; skipped with -short")
+		t.Skip("builds shoal and two 2-node labs; skipped with -short")
 	}
 	bin := buildShoal(t)
+	for _, family := range []Family{Family4, FamilyDual} {
+		t.Run("family "+string(family), func(t *testing.T) { testIGMPMode(t, bin, family) })
+	}
+}
+
+func testIGMPMode(t *testing.T, bin string, family Family) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := Up(ctx, Options{Nodes: 2, Binary: bin, Base: t.TempDir(), MACMode: "igmp"})
+	l, err := Up(ctx, Options{Nodes: 2, Binary: bin, Base: t.TempDir(), MACMode: "igmp", Family: family})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,57 +43,68 @@ func TestIGMPModeBystander(t *testing.T) {
 			t.Errorf("lab down: %v", err)
 		}
 	})
-	if ports, err := l.groupPorts(ctx, IGMPGroup(l.VIP).String()); err != nil || strings.Join(ports, ",") != "p-node1,p-node2" {
-		t.Errorf("the switch's members of %s: %v (%v), want both nodes' ports only", IGMPGroup(l.VIP), ports, err)
+	for _, vip := range l.VIPs() {
+		if ports, err := l.groupPorts(ctx, IGMPGroup(vip).String()); err != nil || strings.Join(ports, ",") != "p-node1,p-node2" {
+			t.Errorf("the switch's members of %s: %v (%v), want both nodes' ports only", IGMPGroup(vip), ports, err)
+		}
 	}
 
-	phase := func(mode string) (bystander, sent int64) {
+	// phase loads every VIP in turn and returns, per VIP, the frames to it
+	// the bystander and the client saw.
+	phase := func(mode string) (bystander, sent map[netip.Addr]int64) {
 		t.Helper()
-		want := ClusterMACIn(mode, l.VIP)
-		if err := Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
-			if mac, err := l.Neighbor(ctx, l.VIP.String()); err != nil || mac != want && mac != "" {
-				return fmt.Errorf("client resolves the VIP to %q (%v), want %s", mac, err, want)
+		bystander, sent = map[netip.Addr]int64{}, map[netip.Addr]int64{}
+		for _, vip := range l.VIPs() {
+			want := ClusterMACIn(mode, vip)
+			if err := Poll(ctx, 10*time.Second, 50*time.Millisecond, func() error {
+				if mac, err := l.Neighbor(ctx, vip.String()); err != nil || mac != want && mac != "" {
+					return fmt.Errorf("client resolves %s to %q (%v), want %s", vip, mac, err, want)
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("%s mode: %v", mode, err)
 			}
-			return nil
-		}); err != nil {
-			t.Fatalf("%s mode: %v", mode, err)
+			// The client's capture starts first and stops last: every frame
+			// it counts went out while the bystander's capture ran.
+			cl := countVIPFrames(t, l, l.Client.Namespace, vip)
+			by := countVIPFrames(t, l, l.Bystander.Namespace, vip)
+			res, err := l.Load(ctx, LoadArgs{URL: URL(vip), Duration: 1500 * time.Millisecond, Concurrency: 4}, nil)
+			if err != nil {
+				t.Fatalf("%s mode: load %s: %v", mode, vip, err)
+			}
+			if res.Failures != 0 || res.Successes == 0 || len(res.ByNode) != len(l.Nodes) {
+				t.Errorf("%s mode, %s: %d requests, %d failed, served by %v; want all served, by every node", mode, vip, res.Requests, res.Failures, res.ByNode)
+			}
+			if mac, _ := l.Neighbor(ctx, vip.String()); mac != want {
+				t.Errorf("%s mode: client resolved %s to %q, want %s", mode, vip, mac, want)
+			}
+			time.Sleep(100 * time.Millisecond) // the last frames reach the captures
+			bystander[vip], sent[vip] = by(), cl()
+			t.Logf("%s mode, %s: %d requests, %d VIP frames sent by the client, %d reached the bystander", mode, vip, res.Successes, sent[vip], bystander[vip])
 		}
-		// The client's capture starts first and stops last: every frame it
-		// counts went out while the bystander's capture ran.
-		cl := countVIPFrames(t, l, l.Client.Namespace, l.VIP)
-		by := countVIPFrames(t, l, l.Bystander.Namespace, l.VIP)
-		res, err := l.Load(ctx, LoadArgs{Duration: 2 * time.Second, Concurrency: 4}, nil)
-		if err != nil {
-			t.Fatalf("%s mode: load: %v", mode, err)
-		}
-		if res.Failures != 0 || res.Successes == 0 || len(res.ByNode) != len(l.Nodes) {
-			t.Errorf("%s mode: %d requests, %d failed, served by %v; want all served, by every node", mode, res.Requests, res.Failures, res.ByNode)
-		}
-		if mac, _ := l.Neighbor(ctx, l.VIP.String()); mac != want {
-			t.Errorf("%s mode: client resolved the VIP to %q, want %s", mode, mac, want)
-		}
-		time.Sleep(100 * time.Millisecond) // the last frames reach the captures
-		bystander, sent = by(), cl()
-		t.Logf("%s mode: %d requests, %d VIP frames sent by the client, %d reached the bystander", mode, res.Successes, sent, bystander)
 		return bystander, sent
 	}
 
 	by, sent := phase("igmp")
-	if sent == 0 || by != 0 {
-		t.Errorf("igmp mode: the bystander received %d of the client's %d VIP frames, want 0", by, sent)
+	for _, vip := range l.VIPs() {
+		if sent[vip] == 0 || by[vip] != 0 {
+			t.Errorf("igmp mode: the bystander received %d of the client's %d frames to %s, want 0", by[vip], sent[vip], vip)
+		}
 	}
 	if _, err := l.CLI(ctx, "node1", "settings", "set", "--mac-mode", "multicast"); err != nil {
 		t.Fatal(err)
 	}
 	by, sent = phase("multicast")
-	if sent == 0 || by < sent {
-		t.Errorf("multicast mode: the bystander received %d of the client's %d VIP frames, want them all", by, sent)
+	for _, vip := range l.VIPs() {
+		if sent[vip] == 0 || by[vip] < sent[vip] {
+			t.Errorf("multicast mode: the bystander received %d of the client's %d frames to %s, want them all", by[vip], sent[vip], vip)
+		}
 	}
 }
 
 // countVIPFrames captures on the Interface of namespace ns until the
-// returned function is called, which returns how many IPv4 frames to vip
-// the capture saw.
+// returned function is called, which returns how many IP frames to vip the
+// capture saw.
 func countVIPFrames(t *testing.T, l *Lab, ns string, vip netip.Addr) func() int64 {
 	t.Helper()
 	var h *pcapgo.EthernetHandle
@@ -108,10 +126,14 @@ func countVIPFrames(t *testing.T, l *Lab, ns string, vip netip.Addr) func() int6
 				return
 			}
 			p := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.NoCopy)
+			var dst netip.Addr
 			if ip4, ok := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ok {
-				if dst, _ := netip.AddrFromSlice(ip4.DstIP); dst == vip {
-					n.Add(1)
-				}
+				dst, _ = netip.AddrFromSlice(ip4.DstIP)
+			} else if ip6, ok := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); ok {
+				dst, _ = netip.AddrFromSlice(ip6.DstIP)
+			}
+			if dst.Unmap() == vip {
+				n.Add(1)
 			}
 		}
 	}()

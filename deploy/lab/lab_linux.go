@@ -40,9 +40,6 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	switch o.MACMode {
 	case "", "multicast":
 	case "igmp":
-		if family != Family4 {
-			return nil, fmt.Errorf("lab: mac mode igmp needs --family 4 (igmp mode has groups for IPv4 VIPs only)")
-		}
 	default:
 		return nil, fmt.Errorf("lab: mac mode %q: want multicast or igmp", o.MACMode)
 	}

@@ -352,20 +352,28 @@ func ClusterMAC(vip netip.Addr) string {
 }
 
 // ClusterMACIn is the MAC a VIP resolves to in the cluster's MAC mode: in
-// igmp mode 01:00:5e:7f and the VIP's last two bytes, the MAC of the group
-// 239.255.x.y the nodes join (IGMPGroup).
+// igmp mode the MAC of the group the nodes join (IGMPGroup): 01:00:5e:7f
+// and an IPv4 VIP's last two bytes, 33:33:ef:ff and an IPv6 VIP's.
 func ClusterMACIn(mode string, vip netip.Addr) string {
-	if mode != "igmp" || !vip.Is4() {
+	if mode != "igmp" {
 		return ClusterMAC(vip)
 	}
-	b := vip.As4()
-	return fmt.Sprintf("01:00:5e:7f:%02x:%02x", b[2], b[3])
+	b := vip.As16()
+	if vip.Is4() {
+		return fmt.Sprintf("01:00:5e:7f:%02x:%02x", b[14], b[15])
+	}
+	return fmt.Sprintf("33:33:ef:ff:%02x:%02x", b[14], b[15])
 }
 
-// IGMPGroup is the group the nodes join for vip in igmp mode.
+// IGMPGroup is the group the nodes join for vip in igmp mode:
+// 239.255.x.y for an IPv4 VIP, the MLD group ff05::efff:xxyy for an IPv6
+// one (x.y its last two bytes).
 func IGMPGroup(vip netip.Addr) netip.Addr {
-	b := vip.As4()
-	return netip.AddrFrom4([4]byte{239, 255, b[2], b[3]})
+	b := vip.As16()
+	if vip.Is4() {
+		return netip.AddrFrom4([4]byte{239, 255, b[14], b[15]})
+	}
+	return netip.AddrFrom16([16]byte{0: 0xff, 1: 0x05, 12: 0xef, 13: 0xff, 14: b[14], 15: b[15]})
 }
 
 // ClusterMAC returns the MAC the lab's VIP resolves to in its MAC mode.
