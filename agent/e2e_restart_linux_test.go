@@ -24,9 +24,14 @@ import (
 // binary had another XDP program (the record says the pins are another
 // program's: the new agent takes over the link and rebuilds the tables from
 // the record). No request fails, no held connection breaks or moves, and
-// the three nodes cover every bucket again after each.
+// the three nodes cover every bucket again after each. For an IPv4 and an
+// IPv6 VIP.
 func TestE2EHitlessRestart(t *testing.T) {
-	l := upLab(t, 3)
+	forFamilies(t, testHitlessRestart)
+}
+
+func testHitlessRestart(t *testing.T, family lab.Family) {
+	l := upLabWith(t, lab.Options{Nodes: 3, Family: family})
 	var conns []*heldConn
 	for len(byNode(conns)["node3"]) < 50 {
 		if len(conns) > 600 {
@@ -34,7 +39,7 @@ func TestE2EHitlessRestart(t *testing.T) {
 		}
 		batch := dialFromClient(t, l, 30)
 		for _, c := range batch {
-			if err := c.get(l.VIP.String()); err != nil {
+			if err := c.get(vipHost(l)); err != nil {
 				t.Fatal(err)
 			}
 		}
