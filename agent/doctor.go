@@ -151,27 +151,44 @@ func checkXDP(_ context.Context, env doctorEnv) DoctorCheck {
 	return c
 }
 
-// sysctlWant is what the agent sets on the cluster interface.
-var sysctlWant = []struct{ name, want, why string }{
-	{"arp_ignore", "1", "else the kernel answers ARP for the VIP (on lo) with the node's own MAC"},
-	{"arp_announce", "2", "else the kernel's ARP requests may carry the VIP as sender"},
-	{"drop_unicast_in_l2_multicast", "1", "the fail-safe: without it a node whose agent died answers the VIP's packets"},
+// sysctlWant is what the agent sets on the cluster interface (as the
+// sysctls table in vip_linux.go); the IPv6 one is checked when there is an
+// IPv6 VIP.
+var sysctlWant = []struct {
+	name, want, why string
+	ipv6            bool
+}{
+	{"arp_ignore", "1", "else the kernel answers ARP for the VIP (on lo) with the node's own MAC", false},
+	{"arp_announce", "2", "else the kernel's ARP requests may carry the VIP as sender", false},
+	{"drop_unicast_in_l2_multicast", "1", "the fail-safe: without it a node whose agent died answers the VIP's packets", false},
+	{"drop_unicast_in_l2_multicast", "1", "the IPv6 fail-safe: without it a node whose agent died answers the IPv6 VIP's packets", true},
 }
 
 func checkSysctls(_ context.Context, env doctorEnv) DoctorCheck {
 	c := DoctorCheck{Name: "sysctls"}
 	var bad, fixes, good []string
+	hasV6 := slices.ContainsFunc(env.VIPs, func(v netip.Addr) bool { return v.Is6() && !v.Is4In6() })
 	for _, s := range sysctlWant {
-		key := "net/ipv4/conf/" + env.Interface + "/" + s.name
+		if s.ipv6 && !hasV6 {
+			continue
+		}
+		fam := "ipv4"
+		if s.ipv6 {
+			fam = "ipv6"
+		}
+		key, name := "net/"+fam+"/conf/"+env.Interface+"/"+s.name, s.name
+		if s.ipv6 {
+			name = "ipv6 " + s.name
+		}
 		v, err := env.Sysctl(key)
 		switch {
 		case err != nil:
-			bad = append(bad, fmt.Sprintf("%s: %v", s.name, err))
+			bad = append(bad, fmt.Sprintf("%s: %v", name, err))
 		case v != s.want:
-			bad = append(bad, fmt.Sprintf("%s=%s, want %s (%s)", s.name, v, s.want, s.why))
-			fixes = append(fixes, fmt.Sprintf("net.ipv4.conf.%s.%s=%s", env.Interface, s.name, s.want))
+			bad = append(bad, fmt.Sprintf("%s=%s, want %s (%s)", name, v, s.want, s.why))
+			fixes = append(fixes, fmt.Sprintf("net.%s.conf.%s.%s=%s", fam, env.Interface, s.name, s.want))
 		default:
-			good = append(good, s.name+"="+v)
+			good = append(good, name+"="+v)
 		}
 	}
 	// rp_filter is the larger of all's and the interface's; strict (1)

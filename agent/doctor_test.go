@@ -21,6 +21,7 @@ func goodEnv() doctorEnv {
 		"net/ipv4/conf/eth0/arp_ignore": "1", "net/ipv4/conf/eth0/arp_announce": "2",
 		"net/ipv4/conf/eth0/drop_unicast_in_l2_multicast": "1",
 		"net/ipv4/conf/all/rp_filter":                     "0", "net/ipv4/conf/eth0/rp_filter": "2",
+		"net/ipv6/conf/eth0/drop_unicast_in_l2_multicast": "0", // checked only with an IPv6 VIP
 	}
 	return doctorEnv{
 		Node: "node1", Interface: "eth0", VIPs: []netip.Addr{netip.MustParseAddr("198.18.1.100")}, Peers: peers,
@@ -69,6 +70,8 @@ func TestDoctorVerdicts(t *testing.T) {
 				return old(k)
 			}
 		}, "sysctls", VerdictFail, []string{"arp_ignore=0, want 1", "sysctl -w net.ipv4.conf.eth0.arp_ignore=1"}},
+		{"ipv6 fail-safe off with an IPv6 VIP", func(e *doctorEnv) { e.VIPs = append(e.VIPs, netip.MustParseAddr("2001:db8:0:1::100")) },
+			"sysctls", VerdictFail, []string{"ipv6 drop_unicast_in_l2_multicast=0, want 1", "net.ipv6.conf.eth0.drop_unicast_in_l2_multicast=1"}},
 		{"clock unsynchronised", func(e *doctorEnv) { e.Clock = func() (bool, error) { return false, nil } },
 			"clock", VerdictWarn, []string{"STA_UNSYNC", "chrony"}},
 		{"heartbeats blocked inbound", func(e *doctorEnv) { e.Peers[1].Live = false },
