@@ -134,6 +134,17 @@ func (n *ndpResponder) setVIPs(set vipSet) error {
 	return errors.Join(errs...)
 }
 
+// groupMACs returns the MACs of the solicited-node groups the responder
+// joined (33:33 and the group's last four bytes, RFC 2464).
+func (n *ndpResponder) groupMACs() []string {
+	var macs []string
+	for _, g := range n.joined {
+		b := g.As16()
+		macs = append(macs, net.HardwareAddr{0x33, 0x33, b[12], b[13], b[14], b[15]}.String())
+	}
+	return macs
+}
+
 // serve answers solicitations until the socket fails or is closed (nil).
 func (n *ndpResponder) serve() error {
 	buf := make([]byte, 1600)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -229,5 +230,69 @@ func answeredNDPIn(t *testing.T, vip netip.Addr, mac net.HardwareAddr, mode rule
 			return fmt.Errorf("advertisement for %s says %s, from %s; want %s from %s", vip, nas[0].tlla, nas[0].ethSrc, ClusterMAC(vip, mode), mac)
 		}
 		return nil
+	}
+}
+
+// TestHostRestartKeepsGroups runs TestHostRestartKeepsGroupsInNamespace in
+// a namespace of its own.
+func TestHostRestartKeepsGroups(t *testing.T) {
+	ns := hostNamespace(t)
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestHostRestartKeepsGroupsInNamespace$", "-test.short", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SHOAL_HOST_RESTART_TEST="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestHostRestartKeepsGroupsInNamespace")) {
+		t.Fatalf("in namespace: %v\n%s", err, out)
+	}
+}
+
+// TestHostRestartKeepsGroupsInNamespace: a host that leaves for a restart
+// keeps the MAC of an IPv6 VIP's solicited-node group on the interface's
+// multicast list (as it keeps the cluster MACs), so solicitations still
+// reach the node while no agent runs; the next agent's sockets take over
+// and it removes the kept entry, and its teardown leaves neither.
+func TestHostRestartKeepsGroupsInNamespace(t *testing.T) {
+	dataDir := os.Getenv("SHOAL_HOST_RESTART_TEST")
+	if dataDir == "" {
+		t.Skip("run by TestHostRestartKeepsGroups inside its namespace")
+	}
+	groupMAC := func() net.HardwareAddr {
+		b := solicitedNode(hostVIP6).As16()
+		return net.HardwareAddr{0x33, 0x33, b[12], b[13], b[14], b[15]}
+	}()
+	maddr := func() string { return ipCmd(t, "maddr", "show", "dev", hostTestIf) }
+	vips := vipSet{[]netip.Addr{hostVIP1, hostVIP6}, ""}
+	h, err := setupHost(hostConfig{Interface: hostTestIf, DataDir: dataDir, VIPs: vips.vips})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := maddr(); !strings.Contains(out, solicitedNode(hostVIP6).String()) || !strings.Contains(out, groupMAC.String()) {
+		t.Fatalf("running: group %s (%s) not joined:\n%s", solicitedNode(hostVIP6), groupMAC, out)
+	}
+	if err := h.leave(); err != nil {
+		t.Fatal(err)
+	}
+	out := maddr()
+	if strings.Contains(out, solicitedNode(hostVIP6).String()) {
+		t.Errorf("the group's socket membership outlived the agent:\n%s", out)
+	}
+	if !strings.Contains(out, groupMAC.String()) || !strings.Contains(out, ClusterMAC(hostVIP6, "").String()) {
+		t.Errorf("left for a restart: the group's mac %s and the cluster mac %s must stay:\n%s", groupMAC, ClusterMAC(hostVIP6, ""), out)
+	}
+
+	h, err = setupHost(hostConfig{Interface: hostTestIf, DataDir: dataDir, VIPs: vips.vips})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := loadHostRecord(dataDir); err != nil || len(rec.MACs) != 0 {
+		t.Errorf("after the next start the record still keeps macs %v (%v)", rec.MACs, err)
+	}
+	if out := maddr(); !strings.Contains(out, solicitedNode(hostVIP6).String()) {
+		t.Errorf("the next agent did not join the group:\n%s", out)
+	}
+	if err := h.teardown(); err != nil {
+		t.Fatal(err)
+	}
+	if out := maddr(); strings.Contains(out, groupMAC.String()) || strings.Contains(out, ClusterMAC(hostVIP6, "").String()) {
+		t.Errorf("after teardown the group's or the cluster's mac is left:\n%s", out)
 	}
 }

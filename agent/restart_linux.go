@@ -111,16 +111,24 @@ func (h *host) takeRestart() *restartRecord {
 }
 
 // leave is teardown for a restart: the host's goroutine stops and the ARP
-// socket closes, but the cluster MACs stay on the interface's multicast
-// list (recorded first), and the VIPs on lo and the sysctls stay as they
-// are, recorded for the next agent.
+// and NDP sockets close, but the cluster MACs and the MACs of the IPv6
+// VIPs' solicited-node groups stay on the interface's multicast list
+// (recorded first), so solicitations still reach the node in between;
+// the VIPs on lo and the sysctls stay as they are, recorded for the next
+// agent.
 func (h *host) leave() error {
 	var errs []error
 	if err := h.stop(); err != nil { // nothing changes the memberships from here on
 		errs = append(errs, err)
 	}
+	var macs []string
 	if h.arp != nil {
-		macs := slices.Clone(h.arp.joined)
+		macs = slices.Clone(h.arp.joined)
+	}
+	if h.ndp != nil {
+		macs = append(macs, h.ndp.groupMACs()...)
+	}
+	if len(macs) > 0 {
 		if err := h.rec.setMACs(macs); err != nil {
 			errs = append(errs, err)
 		} else {
