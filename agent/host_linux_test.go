@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -32,9 +33,9 @@ import (
 )
 
 const (
-	hostTestIf    = "shh0" // the cluster interface in the test namespace
-	hostTestPeer  = "shh1" // its veth peer, where the test's ARP requests come from
-	hostTestAsker = "198.18.250.1"
+	hostTestIf    = "shh0"         // the cluster interface in the test namespace
+	hostTestPeer  = "shh1"         // its veth peer, where the test's ARP requests come from
+	hostTestAsker = "198.18.250.1" // the first of the 90 addresses askARP asks from
 )
 
 var (
@@ -536,6 +537,9 @@ func pollFor(t *testing.T, timeout time.Duration, what string, check func() erro
 
 // askARP asks, from the veth peer, who has vip, and returns the Ethernet
 // source of the reply; the reply must carry the cluster MAC of mode.
+// askers numbers askARP's requests.
+var askers atomic.Uint32
+
 func askARP(vip netip.Addr, mode rules.MACMode) (net.HardwareAddr, error) {
 	ifi, err := net.InterfaceByName(hostTestPeer)
 	if err != nil {
@@ -546,7 +550,15 @@ func askARP(vip netip.Addr, mode rules.MACMode) (net.HardwareAddr, error) {
 		return nil, err
 	}
 	defer c.Close()
-	asker := netip.MustParseAddr(hostTestAsker)
+	// Each request asks from an address of its own, and only a reply to it
+	// counts. A reply the responder sent to an earlier request (when the
+	// VIP was still answered) can reach this socket late under load: a
+	// frame from veth waits in the backlog of the CPU that sent it, and a
+	// starved CPU delivers its backlog after the other's. That was the
+	// flake "arp still answered for the removed vip".
+	a4 := netip.MustParseAddr(hostTestAsker).As4()
+	a4[3] += byte(askers.Add(1) % 90)
+	asker := netip.AddrFrom4(a4)
 	req, err := arp.NewPacket(arp.OperationRequest, ifi.HardwareAddr, asker, net.HardwareAddr{0, 0, 0, 0, 0, 0}, vip)
 	if err != nil {
 		return nil, err
