@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/shoalnet/shoal/deploy/lab"
+	"github.com/shoalnet/shoal/deploy/lab/load"
 )
 
 // inClientNamespace runs f on a thread in the lab client's namespace:
@@ -120,7 +121,8 @@ func nsCounter(t *testing.T, ns, path string) uint64 {
 // none of the pings and UDP probes sent to the VIP (its kernel still gets
 // the frames: the bridge floods them), while the survivors answer every
 // ping; the restarted agent adopts what the dead one left, and its SIGTERM
-// leaves no VIP on lo and the original sysctls.
+// leaves no VIP on lo, the original sysctls, no XDP program and no cluster
+// MAC membership.
 func TestE2EKill9FailSafeAndCleanup(t *testing.T) {
 	l := upLab(t, 3)
 	n3 := node(t, l, "node3")
@@ -164,6 +166,12 @@ func TestE2EKill9FailSafeAndCleanup(t *testing.T) {
 	if ign, ann := sysctl(n3.Namespace, "arp_ignore"), sysctl(n3.Namespace, "arp_announce"); ign != origIgnore || ann != origAnnounce {
 		t.Errorf("after kill -9, restart and SIGTERM: arp_ignore %s, arp_announce %s; want the originals %s, %s", ign, ann, origIgnore, origAnnounce)
 	}
+	if out, err := exec.Command("ip", "-n", n3.Namespace, "link", "show", "dev", lab.Interface).CombinedOutput(); err != nil || strings.Contains(string(out), "xdp") {
+		t.Errorf("after kill -9, restart and SIGTERM: xdp still attached (%v):\n%s", err, out)
+	}
+	if out, err := exec.Command("ip", "-n", n3.Namespace, "maddr", "show", "dev", lab.Interface).CombinedOutput(); err != nil || strings.Contains(string(out), lab.ClusterMAC(l.VIP)) {
+		t.Errorf("after kill -9, restart and SIGTERM: cluster mac %s still joined (%v):\n%s", lab.ClusterMAC(l.VIP), err, out)
+	}
 	if d := sysctl(n3.Namespace, "drop_unicast_in_l2_multicast"); d != "1" {
 		t.Errorf("drop_unicast_in_l2_multicast %s after exit, want 1 (left set)", d)
 	}
@@ -175,7 +183,8 @@ func TestE2EKill9FailSafeAndCleanup(t *testing.T) {
 // TestE2ELinkFlapUnderLoad: `ip link set eth0 down; ip link set eth0 up`
 // on every node, one after the other, under new-connection load: every
 // node's ARP responder answers afterwards, and once the last link has been
-// up for a second no request fails.
+// up for a second no request fails (neither those the load started from
+// then on, nor a new load after it).
 func TestE2ELinkFlapUnderLoad(t *testing.T) {
 	l := upLab(t, 3)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -184,16 +193,20 @@ func TestE2ELinkFlapUnderLoad(t *testing.T) {
 	for _, h := range l.Nodes {
 		before[h.Name] = arpReplied(t, l, h.Name)
 	}
-	loadDone := make(chan error, 1)
+	type loaded struct {
+		r   load.Result
+		err error
+	}
+	loadDone := make(chan loaded, 1)
 	started := make(chan struct{})
 	go func() {
-		_, err := l.Load(ctx, lab.LoadArgs{Duration: 5 * time.Second, Concurrency: 4, Timeout: 2 * time.Second, OnStart: func() { close(started) }}, nil)
-		loadDone <- err
+		r, err := l.Load(ctx, lab.LoadArgs{Duration: 5 * time.Second, Concurrency: 4, Timeout: 2 * time.Second, OnStart: func() { close(started) }}, nil)
+		loadDone <- loaded{r, err}
 	}()
 	select {
 	case <-started:
-	case err := <-loadDone:
-		t.Fatalf("load: %v", err)
+	case r := <-loadDone:
+		t.Fatalf("load: %v", r.err)
 	}
 	for _, h := range l.Nodes {
 		for _, state := range []string{"down", "up"} {
@@ -204,11 +217,29 @@ func TestE2ELinkFlapUnderLoad(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 	}
 	lastUp := time.Now()
-	if err := <-loadDone; err != nil {
-		t.Fatal(err)
+	during := <-loadDone
+	if during.err != nil {
+		t.Fatal(during.err)
 	}
-	// Once the last link has been up for a second, no request may fail.
-	time.Sleep(time.Until(lastUp.Add(time.Second)))
+	// Once the last link has been up for a second, no request may fail:
+	// those the load started from then on, and a new load after it.
+	settle := lastUp.Add(time.Second).Sub(during.r.Start)
+	var late, lateFailed, failed int
+	for _, f := range during.r.FailureList {
+		if f.Class != "" && time.Duration(f.AtMS*float64(time.Millisecond)) >= settle {
+			lateFailed++
+		}
+	}
+	for _, sl := range during.r.Timeline {
+		failed += sl.Failures
+		if time.Duration(sl.AtMS*float64(time.Millisecond)) >= settle {
+			late += sl.Successes + sl.Failures
+		}
+	}
+	t.Logf("during the flaps: %d of %d requests failed; %d started a second or more after the last link came up, %d of them failed", failed, during.r.Requests, late, lateFailed)
+	if late == 0 || lateFailed != 0 || during.r.FailuresDropped != 0 {
+		t.Errorf("requests started a second after the last link came up: %d, %d failed (%d failures not listed)", late, lateFailed, during.r.FailuresDropped)
+	}
 	r := loadRun(t, l, lab.LoadArgs{Duration: 2 * time.Second, Concurrency: 8, Timeout: 3 * time.Second})
 	if r.Failures != 0 || r.Successes == 0 {
 		t.Errorf("after the flaps: %d of %d requests failed (%v)", r.Failures, r.Requests, r.Errors)
