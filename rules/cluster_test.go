@@ -693,3 +693,63 @@ func TestFollowersApplyWithoutWaitingForCommitTimeout(t *testing.T) {
 		t.Logf("write %d applied everywhere after %v", i, time.Since(start))
 	}
 }
+
+// TestSettledTimeouts: every node switches to the settled Raft timeouts
+// once it has a leader, the settled cluster keeps its leader while idle
+// (the lease outlasts the longer gaps between heartbeats), and it still
+// replaces a stopped leader and takes writes.
+func TestSettledTimeouts(t *testing.T) {
+	timing := testTiming
+	timing.SettledHeartbeatTimeout, timing.SettledElectionTimeout = 600*time.Millisecond, 600*time.Millisecond
+	timing.LeaderLeaseTimeout = 300 * time.Millisecond
+	nodes := newClusterTiming(t, 3, timing, false)
+	for _, n := range nodes {
+		poll(t, 5*time.Second, n.name+" settles", func() error {
+			rc := n.store.raft.ReloadableConfig()
+			if rc.HeartbeatTimeout != timing.SettledHeartbeatTimeout || rc.ElectionTimeout != timing.SettledElectionTimeout {
+				return fmt.Errorf("heartbeat timeout %v, election timeout %v", rc.HeartbeatTimeout, rc.ElectionTimeout)
+			}
+			return nil
+		})
+	}
+	leader, followers := leaderOf(t, nodes)
+	term := leader.store.raft.CurrentTerm()
+	// Idle for several settled heartbeat timeouts: no follower may start
+	// an election, and the leader may not step down.
+	time.Sleep(3 * timing.SettledHeartbeatTimeout)
+	if !leader.store.IsLeader() || leader.store.raft.CurrentTerm() != term {
+		t.Fatalf("idle settled cluster changed leader: %s leads %v, term %d -> %d", leader.name, leader.store.IsLeader(), term, leader.store.raft.CurrentTerm())
+	}
+	mustApply(t, followers[0], &PutVIP{VIP: vip1})
+	leader.stop()
+	start := time.Now()
+	next, _ := leaderOf(t, followers)
+	t.Logf("new leader %s after %v", next.name, time.Since(start))
+	mustApply(t, next, putRule(2000))
+}
+
+func TestTimingValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		t    Timing
+		ok   bool
+	}{
+		{"default", DefaultTiming(), true},
+		{"no settled timeouts", testTiming, true},
+		{"settled below the first", Timing{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: time.Second,
+			SettledHeartbeatTimeout: 500 * time.Millisecond, SettledElectionTimeout: 2 * time.Second}, false},
+		{"lease too short for the settled heartbeats", Timing{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second, LeaderLeaseTimeout: 500 * time.Millisecond,
+			SettledHeartbeatTimeout: 2 * time.Second, SettledElectionTimeout: 2 * time.Second}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.t.validate()
+			if (err == nil) != tt.ok {
+				t.Fatalf("validate() = %v, want ok %v", err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v is not ErrInvalid", err)
+			}
+		})
+	}
+}
