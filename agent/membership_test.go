@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -252,4 +253,122 @@ func TestHeartbeatSettingsAtRuntime(t *testing.T) {
 			t.Errorf("node %d: lease %v, want 7 x 40 ms", i+1, l)
 		}
 	}
+}
+
+// fanLink delivers heartbeats straight into every other member's inbox.
+type fanLink struct {
+	inboxes []*[]*heartbeat.Message
+	sent    []time.Time
+	now     func() time.Time
+}
+
+func (l *fanLink) Send(msg *heartbeat.Message, _ []netip.AddrPort) error {
+	for _, in := range l.inboxes {
+		*in = append(*in, msg)
+	}
+	l.sent = append(l.sent, l.now())
+	return nil
+}
+func (l *fanLink) Reject(heartbeat.Reason) {}
+func (l *fanLink) Stats() heartbeat.Stats  { return heartbeat.Stats{} }
+
+// TestHeartbeatsFallIntoStep: a member that hears a peer while its own
+// heartbeat is due within half a period sends at once. Members knocked out
+// of phase (stalled goroutines) must still each send about once a period,
+// never with a gap above the period, and go out in one burst per period.
+// (Here the machine's own replies also bring them back into step; the
+// wake-ups saved in a real lab are measured by bench/idle.sh.)
+func TestHeartbeatsFallIntoStep(t *testing.T) {
+	const period = 100 * time.Millisecond
+	const dt = period / 20
+	st := twoNodeRules(5, 50, 50)
+	st.LastNodeID = 3
+	n3 := st.Nodes[1]
+	n3.ID, n3.Name, n3.HostPriority, n3.HeartbeatAddr = 3, "n3", 3, "127.0.0.1:7003"
+	st.Nodes = append(st.Nodes, n3)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	var inbox [3][]*heartbeat.Message
+	var ms [3]*membership
+	var links [3]*fanLink
+	for i := range ms {
+		links[i] = &fanLink{now: clock}
+		for j := range inbox {
+			if j != i {
+				links[i].inboxes = append(links[i].inboxes, &inbox[j])
+			}
+		}
+		m := newMembership(filter.NodeID(i+1), testIncarnation, log, links[i], staticRules{st}, func() bool { return true })
+		m.now = clock
+		ms[i] = m
+	}
+	// Once they have settled and converged (by 2 s: a view change is
+	// answered at once, which brings them into step), members 2 and 3 stall for 0.3 and 0.6 periods, as goroutines that did
+	// not run, and then go on: out of phase with member 1.
+	stalled := func(i, tick int) bool {
+		return i > 0 && tick >= 300+100*i && tick < 300+100*i+6*i
+	}
+	var next [3]time.Time
+	const ticks = int(50 * period / dt)
+	for tick := range ticks {
+		now = now.Add(dt)
+		for i, m := range ms {
+			if tick == 0 {
+				if err := m.start(now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if stalled(i, tick) {
+				continue
+			}
+			msgs := inbox[i]
+			inbox[i] = nil
+			if len(msgs) == 0 && now.Before(next[i]) {
+				continue // the goroutine sleeps until its timer
+			}
+			for _, msg := range msgs {
+				m.receive(msg, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(7001+msg.Node-1)))
+			}
+			next[i] = m.step(now)
+			m.takeReport(pushReport{snap: m.snap.Load(), ok: true, healthy: true})
+		}
+	}
+	// Over the last 20 periods.
+	from := now.Add(-20 * period)
+	instants := map[time.Time]bool{}
+	for i, l := range links {
+		var last time.Time
+		n := 0
+		for _, at := range l.sent {
+			if at.Before(from) {
+				last = at
+				continue
+			}
+			if gap := at.Sub(last); gap > period+dt {
+				t.Errorf("member %d: %v between heartbeats (period %v)", i+1, gap, period)
+			}
+			last = at
+			instants[at] = true
+			n++
+		}
+		if n < 19 || n > 21 {
+			t.Errorf("member %d sent %d heartbeats in 20 periods, want about 20", i+1, n)
+		}
+	}
+	// Heartbeats delivered in one tick are answered in that tick or the
+	// next (members step in turn): a burst is sends at most a tick apart.
+	// In step, three members make about 20 bursts (replies to a view
+	// change aside); out of step, 60.
+	times := slices.SortedFunc(maps.Keys(instants), time.Time.Compare)
+	bursts := 0
+	for i, at := range times {
+		if i == 0 || at.Sub(times[i-1]) > dt {
+			bursts++
+		}
+	}
+	if bursts > 25 {
+		t.Errorf("heartbeats went out in %d bursts in 20 periods: the members did not fall into step", bursts)
+	}
+	t.Logf("%d bursts of heartbeats in 20 periods", bursts)
 }
