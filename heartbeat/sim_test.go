@@ -148,6 +148,19 @@ type simNode struct {
 	excludedAt time.Time
 	sentView   View
 	viewSeq    uint64 // sequence of the first heartbeat sent with sentView
+	// stalledUntil: the agent is stopped (SIGSTOP) until then: it handles
+	// nothing, heartbeats wait in its socket, probes of it time out.
+	stalledUntil time.Time
+}
+
+// accepting is what n's data plane takes new connections in: its machine's
+// accepting set, or nothing once its lease has ended (the agent renews the
+// lease with every heartbeat it sends; a stalled one sends none).
+func (s *sim) accepting(n *simNode) filter.Set {
+	if n.m != nil && !n.m.lastSent.IsZero() && s.now.Sub(n.m.lastSent) > n.m.LeaseLength(s.now) {
+		return nil
+	}
+	return n.accept
 }
 
 // violation is two nodes, not cut off from each other, accepting new
@@ -334,6 +347,12 @@ func (s *sim) run(until time.Duration) {
 			if !n.up || !e.at.Equal(n.wakeAt) {
 				continue // stale
 			}
+			if s.now.Before(n.stalledUntil) {
+				// Stalled: it runs again at stalledUntil.
+				n.wakeAt = n.stalledUntil
+				s.push(&simEvent{at: n.wakeAt, kind: evWake, node: e.node})
+				continue
+			}
 			n.wakeAt = time.Time{}
 			n.m.Tick(s.now)
 			if !s.now.Before(n.m.NextSend()) {
@@ -342,6 +361,12 @@ func (s *sim) run(until time.Duration) {
 			s.after(e.node)
 		case evDeliver:
 			n := s.nodes[e.node]
+			if n.up && s.now.Before(n.stalledUntil) && !s.links[e.from][e.node].cut {
+				// Waits in its socket until it runs again.
+				e.at = n.stalledUntil
+				s.push(e)
+				continue
+			}
 			if !n.up || s.links[e.from][e.node].cut {
 				continue
 			}
@@ -406,7 +431,7 @@ func (s *sim) probe(i, j int) {
 	s.probing[i][j] = true
 	boots := s.nodes[i].boots
 	d := 2*s.links[i][j].delay + 100*time.Microsecond
-	alive := s.nodes[j].up && s.probeCuts[i][j] == 0
+	alive := s.nodes[j].up && s.probeCuts[i][j] == 0 && !s.now.Before(s.nodes[j].stalledUntil)
 	if !alive {
 		d = time.Duration(s.cfg.Tolerance/2-1) * s.cfg.Period
 	}
@@ -416,8 +441,8 @@ func (s *sim) probe(i, j int) {
 		if !n.up || n.boots != boots {
 			return
 		}
-		r := ProbeSilent // a crashed host, or a cut cable
-		if s.nodes[j].up && s.probeCuts[i][j] == 0 {
+		r := ProbeSilent // a crashed host, a cut cable, a stalled agent
+		if s.nodes[j].up && s.probeCuts[i][j] == 0 && !s.now.Before(s.nodes[j].stalledUntil) {
 			r = ProbeAlive
 		}
 		n.m.Probe(s.now, uint32(j+1), r)
@@ -459,7 +484,7 @@ func (s *sim) checkPair(i, j int) {
 	if i == j || !a.up || !b.up || s.cutOff(i, j) {
 		return
 	}
-	if overlaps(a.accept, b.accept) {
+	if overlaps(s.accepting(a), s.accepting(b)) {
 		if s.trace != nil {
 			s.trace(fmt.Sprintf("VIOLATION %d %d", a.id, b.id))
 		}
@@ -502,7 +527,7 @@ func (s *sim) coverageWith(more ...filter.Set) (ok bool, why string) {
 		sets := slices.Clone(more)
 		for _, n := range s.nodes {
 			if n.up {
-				sets = append(sets, n.accept)
+				sets = append(sets, s.accepting(n))
 			}
 		}
 		for _, set := range sets {
