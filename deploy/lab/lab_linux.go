@@ -531,10 +531,16 @@ func (l *Lab) Down(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if l.BPF != "" {
-		// Pins still there (an agent stopped for a restart) go with it.
-		if err := unix.Unmount(l.BPF, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("lab: unmount %s: %w", l.BPF, err))
+	// Pins still there (an agent stopped for a restart) go with the lab's
+	// bpf filesystem. A lab found by its namespaces has lost its state
+	// file, so its mount is looked for where Up puts it.
+	bpf := l.BPF
+	if bpf == "" && l.Dir != "" {
+		bpf = filepath.Join(l.Dir, "bpf")
+	}
+	if bpf != "" {
+		if err := unix.Unmount(bpf, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("lab: unmount %s: %w", bpf, err))
 		}
 	}
 	if len(errs) == 0 {
