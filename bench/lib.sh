@@ -52,7 +52,7 @@ lab_up() {
 	shift
 	out=$("$SHOAL" lab up --nodes "$nodes" "$@" 2>/dev/null) || { echo "shoal lab up failed" >&2; return 1; }
 	LAB_ID=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \(.*\)$/\1/p' <<<"$out")
-	VIP=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \([0-9a-f.:]*\).*$/\2/p' <<<"$out")
+	VIP=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \[\{0,1\}\([0-9a-f.:]*\).*$/\2/p' <<<"$out")
 	CLIENT_NS=$LAB_ID-client
 	SW_NS=$LAB_ID-sw
 	PREFIX=${VIP%.*}
