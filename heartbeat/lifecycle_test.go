@@ -36,6 +36,20 @@ func TestLeaving(t *testing.T) {
 		t.Error("not released once the only peer advertises {2}")
 	}
 
+	// Two nodes stopped at once: the other one's view still holds this
+	// node (it left only its own), but a leaving peer takes nothing again,
+	// so this node need not wait T periods for it to die.
+	b := newHarness(t, 1, 2)
+	now = converge2(b)
+	b.local.Leaving = true
+	b.m.SetLocal(now.Add(time.Millisecond), b.local)
+	both := b.hb(2, 1)
+	both.Leaving = true
+	b.recv(now.Add(2*time.Millisecond), both)
+	if !b.m.Status().Released {
+		t.Error("not released while the only peer, leaving too, advertises {1}")
+	}
+
 	// The peer's side.
 	g := newHarness(t, 1, 2)
 	now = converge2(g)

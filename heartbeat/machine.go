@@ -75,8 +75,9 @@ type Status[S any] struct {
 	Deaf        bool
 	Lagging     bool   // this node's rules index lags the newest seen past the grace
 	NewestRules uint64 // the newest rules index seen, here or at a live peer
-	// Released: every live peer advertises a view without this node (for a
-	// leaving node: its buckets are handed over, it may stop).
+	// Released: every live peer that is not leaving itself advertises a
+	// view without this node (for a leaving node: its buckets are handed
+	// over, it may stop).
 	Released bool
 	// Inheriting: the accepting set is the one the previous incarnation
 	// left (Inherit), kept until this node settles or the inheritance ends.
@@ -711,7 +712,12 @@ func (m *Machine[S]) recompute(now time.Time) {
 			continue
 		}
 		if p.msg.View.Has(m.cfg.Self) {
-			released = false
+			// A leaving peer takes nothing again: that it still counts
+			// this node does not hold up this node's own stop (a whole
+			// cluster stopped at once hands off at once).
+			if !p.msg.Leaving {
+				released = false
+			}
 		} else if m.view.Has(m.cfg.Self) && p.msg.Settled && m.heardBy(p) {
 			excluded = true
 		}
