@@ -42,6 +42,7 @@ var drillCommand = &cli.Command{
 		&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin), Usage: "lab: the HTTP server on every node: builtin, dualstack, nginx or apache"},
 		&cli.StringFlag{Name: "family", Value: string(lab.Family4), Usage: "lab: the VIP's address family: 4 or 6 (dual: the drill's traffic goes to the IPv4 VIP)"},
 		&cli.StringFlag{Name: "binary", Hidden: true, Usage: "lab: the shoal binary the namespaces run (default: this one)"},
+		labKeepLogsFlag,
 		labBaseFlag,
 		&cli.StringFlag{Name: "vip", Usage: "cluster: the VIP to send traffic to"},
 		&cli.IntFlag{Name: "port", Value: 80, Usage: "cluster: the VIP's HTTP port"},

@@ -30,8 +30,12 @@ var labBuildFlags = []cli.Flag{
 	&cli.BoolFlag{Name: "parallel-start", Hidden: true, Usage: "start every agent at once (default: one after the other)"},
 	&cli.BoolFlag{Name: "keep-failed", Hidden: true, Usage: "leave a lab that failed to come up in place, for its logs"},
 	&cli.StringFlag{Name: "binary", Hidden: true, Usage: "the shoal binary the namespaces run (default: this one)"},
+	labKeepLogsFlag,
 	labBaseFlag,
 }
+
+var labKeepLogsFlag = &cli.StringFlag{Name: "keep-logs",
+	Usage: "copy the agents' and servers' logs into this directory when the lab is removed (SHOAL_LOG_LEVEL=debug for every step)"}
 
 var labCommand = &cli.Command{
 	Name:  "lab",
@@ -253,6 +257,7 @@ func labOptions(c *cli.Context) lab.Options {
 		MACMode: c.String("mac-mode"),
 		Log:     cliLogger(c),
 
+		KeepLogs:      c.String("keep-logs"),
 		KeepOnFailure: c.Bool("keep-failed"),
 		ParallelStart: c.Bool("parallel-start"),
 	}

@@ -70,6 +70,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		st.MACMode = o.MACMode
 		st.Bystander = &Host{Name: "bystander", Namespace: st.ID + "-bystander", BridgePort: "p-bystander"}
 	}
+	st.KeepLogs = o.KeepLogs
 	st.Created = time.Now()
 	l = &Lab{State: *st, log: o.Log.With("lab", st.ID), ctl: Ctl{Binary: o.Binary}, waits: map[int]chan struct{}{}}
 	defer func() {
@@ -515,6 +516,11 @@ func (l *Lab) Down(ctx context.Context) error {
 			}
 		}
 	}
+	if l.KeepLogs != "" {
+		if err := keepLogs(procs, l.KeepLogs); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	nss := slices.Clone(l.Namespaces)
 	// Every namespace is recorded before it is made, so the state file is
 	// the whole truth; only a lab whose state file is lost is found by its
@@ -560,6 +566,28 @@ func (l *Lab) Down(ctx context.Context) error {
 	l.Procs = nil
 	l.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// keepLogs copies the processes' logs into dir, named as in the lab.
+func keepLogs(procs []Proc, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("lab: keep logs: %w", err)
+	}
+	done := map[string]bool{}
+	for _, p := range procs {
+		if p.Log == "" || done[p.Log] {
+			continue
+		}
+		done[p.Log] = true
+		b, err := os.ReadFile(p.Log)
+		if err != nil {
+			return fmt.Errorf("lab: keep logs: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(p.Log)), b, 0o600); err != nil {
+			return fmt.Errorf("lab: keep logs: %w", err)
+		}
+	}
+	return nil
 }
 
 // deleteNamespace kills whatever still runs in ns (it is the lab's own

@@ -32,6 +32,11 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger // discards if nil
+	// KeepLogs, when not empty, is a directory Down copies the processes'
+	// logs into, after they stopped and before the lab's files go
+	// (SHOAL_LOG_LEVEL=debug in the environment makes the agents log each
+	// step of a handoff).
+	KeepLogs string
 }
 
 // Lab is a running lab.

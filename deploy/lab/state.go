@@ -86,8 +86,10 @@ type State struct {
 	// data planes in across a restart (`shoal restart`): `ip netns exec`
 	// gives each process a mount namespace of its own, in which
 	// /sys/fs/bpf is not the host's, so pins there would not outlive it.
-	BPF     string    `json:"bpf_dir,omitempty"`
-	Created time.Time `json:"created"`
+	BPF string `json:"bpf_dir,omitempty"`
+	// KeepLogs: Down copies the processes' logs here (Options.KeepLogs).
+	KeepLogs string    `json:"keep_logs,omitempty"`
+	Created  time.Time `json:"created"`
 }
 
 // Host is one namespace on the switch: a node or the client.
