@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,18 +133,26 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		r.finishDrain(ctx, now, s)
 		return r.wakeIn(now)
 	}
-	if !s.hb.View.Equal(r.scannedView) {
-		// The view released buckets (or changed the rules): learn which of
-		// them still hold connections before the tables go in, so that they
-		// drain instead of breaking, and so the heartbeat that advertises
-		// the view announces them.
-		if h := r.trk.scanNow(ctx, s.fcfg, r.polling); h.err == nil {
-			r.held = h
-		}
-		r.scannedView = s.hb.View
-	}
-	admin := s.admin
+	t0 := r.now()
 	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
+	if !s.hb.View.Equal(r.scannedView) {
+		r.scannedView = s.hb.View
+		// The view releases buckets (or changed the rules, or these are
+		// the first tables): learn which of them still hold connections
+		// before the tables go in, so that they drain instead of breaking,
+		// and so the heartbeat that advertises the view announces them.
+		// Otherwise nothing left the accepting set and the connections
+		// held are where the last scan saw them: a new owner advertises
+		// the view without a scan (which takes tens of milliseconds beside
+		// 100,000 TIME_WAIT sockets) while the buckets wait for it.
+		if r.last.tables == nil || s.hb.Inheriting || r.held.cfg != s.fcfg || releases(r.last.tables, accept.Buckets) {
+			if h := r.trk.scanNow(ctx, s.fcfg, r.polling); h.err == nil {
+				r.held = h
+			}
+		}
+	}
+	t1 := r.now()
+	admin := s.admin
 	if s.hb.Inheriting {
 		// The previous agent's set, from before the peers are heard: keep
 		// only what means the same flows under these rules, and its
@@ -151,9 +160,22 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		accept, dirty = accept.Intersect(everything(s.fcfg)), union(dirty, s.inheritedDirty)
 	}
 	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, r.held.set)
-	if err := r.dp.Update(p.tables, mac); err != nil {
-		r.refused(now, s, err)
-		return r.wakeIn(now)
+	t2 := r.now()
+	// Tables the kernel already holds need no push (a view that moves
+	// nothing here, the same tables for the next snapshot): pushing them
+	// again would only make the next push, the one that acquires, wait
+	// for this one's flip to retire.
+	same := r.healthy && r.last.tables != nil && string(mac) == r.pushedMAC && sameTables(p.tables, r.last.tables)
+	if !same {
+		if err := r.dp.Update(p.tables, mac); err != nil {
+			r.refused(now, s, err)
+			return r.wakeIn(now)
+		}
+	}
+	if t3 := r.now(); r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("tables pushed", "at", stamp(t3), "gen", s.gen, "view", s.hb.View.Eligible, "rules", s.hb.View.RulesIndex,
+			"converged", s.hb.Converged, "skipped", same, "owned", stateCounts(p.tables, filter.Owned), "dirty", stateCounts(p.tables, filter.OwnedDirty),
+			"scan", t1.Sub(t0), "plan", t2.Sub(t1), "update", t3.Sub(t2), "since_adopted", t3.Sub(s.hb.AdoptedAt))
 	}
 	if !r.healthy && !now.Before(r.failedAt.Add(r.backoff)) {
 		r.healthy = true
@@ -259,6 +281,39 @@ func (r *reconciler) kernel() kernelState {
 		accept = filter.Grant{Buckets: filter.Set{}, Maps: accept.Maps}
 	}
 	return kernelState{ok: true, accept: accept, peersDraining: dirty, draining: r.last.draining, healthy: s.healthy}
+}
+
+// releases reports whether tables last accept (OWNED or OWNED_DIRTY) a
+// bucket that accept leaves out.
+func releases(last *filter.Tables, accept filter.Set) bool {
+	for id, st := range last.States {
+		if st == nil {
+			continue
+		}
+		for b, v := range st {
+			if (v == filter.Owned || v == filter.OwnedDirty) && !accept.Has(id, uint16(b)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sameTables reports whether a and b judge every packet alike.
+func sameTables(a, b *filter.Tables) bool {
+	if a.Config != b.Config && !reflect.DeepEqual(a.Config, b.Config) {
+		return false
+	}
+	if len(a.States) != len(b.States) {
+		return false
+	}
+	for id, sa := range a.States {
+		sb := b.States[id]
+		if sb == nil || *sa != *sb {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *reconciler) poke() {

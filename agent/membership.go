@@ -60,6 +60,7 @@ type membership struct {
 	leaseErr     bool             // the last lease renewal failed (logged once)
 	lastSent     time.Time        // when any heartbeat last went out
 	heard        bool             // a valid heartbeat arrived since the last step
+	lastView     heartbeat.View   // the view the last heartbeat advertised
 	peers        []netip.AddrPort // heartbeat addresses of the other registered nodes
 	gen          uint64           // of the last published memberSnap
 	published    uint64           // machine version last published
@@ -294,6 +295,9 @@ func (m *membership) receive(msg *heartbeat.Message, from netip.AddrPort) {
 // takeReport learns what the kernel now holds.
 func (m *membership) takeReport(r pushReport) {
 	m.dpHealthy = r.healthy
+	if r.ok && m.log.Enabled(context.Background(), slog.LevelDebug) && (!m.inKernel.ok || m.inKernel.snap.gen != r.snap.gen) {
+		m.log.Debug("push reported", "at", stamp(m.now()), "gen", r.snap.gen, "current", r.snap.hb.View.Equal(m.machine.View()))
+	}
 	if r.ok {
 		m.inKernel = r
 	}
@@ -320,6 +324,13 @@ func (m *membership) step(now time.Time) time.Time {
 	period := m.machine.Config().Period
 	due := m.machine.NextSend()
 	pushed := m.pushed()
+	if pushed && !m.lastView.Equal(m.machine.View()) {
+		// The tables of a view no heartbeat advertised yet are in: say so
+		// now. The heartbeats sent while they were pushed (the previous
+		// view, re-advertised) took the machine's send-at-once, so its
+		// schedule may be a period away.
+		due = now
+	}
 	if !pushed && m.lastSent.Add(period).After(due) {
 		// A new view waits for its tables, but liveness does not: the
 		// previous advertisement goes out on the usual schedule.
@@ -362,6 +373,10 @@ func (m *membership) send(now time.Time, pushed bool) {
 		msg = readvertise(msg, m.inKernel)
 	}
 	m.lastSent = now
+	if m.log.Enabled(context.Background(), slog.LevelDebug) && !msg.View.Equal(m.lastView) {
+		m.log.Debug("view advertised", "at", stamp(now), "seq", msg.Seq, "view", msg.View.Eligible, "rules", msg.View.RulesIndex)
+	}
+	m.lastView = msg.View
 	if err := m.link.Send(msg, m.peers); err != nil {
 		m.log.Debug("heartbeat send", "err", err)
 	}
@@ -440,7 +455,27 @@ func (m *membership) publish() {
 	}
 	m.snap.Store(s)
 	m.toDP.put(s)
+	if m.log.Enabled(context.Background(), slog.LevelDebug) {
+		m.logStep(old, s)
+	}
 }
+
+// logStep logs, at debug, the steps of a handoff: a view adopted, the
+// view converged (the accepting set acquired). Wall times, to the
+// microsecond, so that the nodes' logs line up.
+func (m *membership) logStep(old, s *memberSnap) {
+	now := m.now()
+	if old == nil || !old.hb.View.Equal(s.hb.View) {
+		m.log.Debug("view adopted", "at", stamp(now), "gen", s.gen, "view", s.hb.View.Eligible, "rules", s.hb.View.RulesIndex)
+	}
+	if s.hb.Converged && (old == nil || !old.hb.Converged || !old.hb.View.Equal(s.hb.View)) {
+		m.log.Debug("view converged", "at", stamp(now), "gen", s.gen, "view", s.hb.View.Eligible,
+			"since_adopted", now.Sub(s.hb.AdoptedAt))
+	}
+}
+
+// stamp formats a wall time for the step logs.
+func stamp(t time.Time) string { return t.Format("15:04:05.000000") }
 
 // handoff starts a graceful stop: the node advertises it is leaving, and
 // the returned channel is closed once every live peer advertises a view

@@ -372,3 +372,66 @@ func TestHeartbeatsFallIntoStep(t *testing.T) {
 	}
 	t.Logf("%d bursts of heartbeats in 20 periods", bursts)
 }
+
+// TestNewViewAdvertisedOnceItsTablesAreIn: a node advertises a new view in
+// the heartbeat it sends as soon as the data plane reports the view's
+// tables in, even when a heartbeat re-advertising the previous view went out
+// meanwhile (taking the machine's send-at-once): otherwise the new owners of
+// the buckets it released wait up to a period for it, while nobody accepts
+// those buckets.
+func TestNewViewAdvertisedOnceItsTablesAreIn(t *testing.T) {
+	const period = 100 * time.Millisecond
+	r1, r2 := twoNodeRules(5, 50, 50), twoNodeRules(6, 90, 10)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	var inbox [2][]*heartbeat.Message
+	var ms [2]*membership
+	for i := range ms {
+		m := newMembership(filter.NodeID(i+1), testIncarnation, log, &pipeLink{inbox: &inbox[1-i], now: clock}, staticRules{r1}, func() bool { return true })
+		m.now = clock
+		if err := m.start(now); err != nil {
+			t.Fatal(err)
+		}
+		ms[i] = m
+	}
+	deliver := func(i int) {
+		msgs := inbox[i]
+		inbox[i] = nil
+		for _, msg := range msgs {
+			ms[i].receive(msg, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 7001+(1-i))))
+		}
+	}
+	for tick := 0; tick < 200; tick++ {
+		now = now.Add(period / 10)
+		for i, m := range ms {
+			deliver(i)
+			m.step(now)
+			m.takeReport(pushReport{snap: m.snap.Load(), ok: true, healthy: true})
+		}
+	}
+	if s := ms[0].snap.Load(); !s.hb.Converged {
+		t.Fatalf("node 1 did not converge: view %v", s.hb.View)
+	}
+	// The rules change reaches node 1 a period after its last heartbeat:
+	// its next heartbeat is due, and goes out with the old view, whose
+	// tables are the only ones in the kernel.
+	now = ms[0].lastSent.Add(period)
+	inbox[1] = nil
+	ms[0].applyRules(now, r2)
+	ms[0].step(now)
+	if len(inbox[1]) == 0 || inbox[1][len(inbox[1])-1].View.RulesIndex != r1.Index {
+		t.Fatalf("while the new view's tables are pushed, node 1 sent %d heartbeats, want one of the old view (rules %d)", len(inbox[1]), r1.Index)
+	}
+	// A millisecond later the tables are in.
+	now = now.Add(time.Millisecond)
+	ms[0].takeReport(pushReport{snap: ms[0].snap.Load(), ok: true, healthy: true})
+	sent := len(inbox[1])
+	ms[0].step(now)
+	if len(inbox[1]) == sent {
+		t.Fatalf("node 1 sent nothing once the new view's tables were in; its next heartbeat is due %v later", ms[0].machine.NextSend().Sub(now))
+	}
+	if v := inbox[1][len(inbox[1])-1].View; v.RulesIndex != r2.Index {
+		t.Errorf("the heartbeat sent once the tables were in advertises view %v, want the new one (rules %d)", v, r2.Index)
+	}
+}

@@ -1,8 +1,14 @@
 package agent
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
@@ -95,5 +101,113 @@ func TestPeersDraining(t *testing.T) {
 				t.Errorf("%d dirty buckets (bucket 9 of rule 4: %v), want %d", got.Count(), got.Has(4, 9), tc.wantCount)
 			}
 		})
+	}
+}
+
+// TestHandoffPushesNothingTwice: the reconciler pushes tables only when
+// they change, and scans sockets only when the view releases buckets, so
+// that a new owner's push of the buckets it acquires never waits behind a
+// scan or a redundant push (issue 10: a SYN that finds no owner waits a
+// second). A node whose peer leaves (nothing released here) must report the
+// new view in the kernel without a scan or a push; the push that acquires
+// follows as soon as the view converges.
+func TestHandoffPushesNothingTwice(t *testing.T) {
+	const period = 100 * time.Millisecond
+	r := twoNodeRules(5, 50, 50)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	var inbox [2][]*heartbeat.Message
+	var ms [2]*membership
+	for i := range ms {
+		m := newMembership(filter.NodeID(i+1), testIncarnation, log, &pipeLink{inbox: &inbox[1-i], now: clock}, staticRules{r}, func() bool { return true })
+		m.now = clock
+		if err := m.start(now); err != nil {
+			t.Fatal(err)
+		}
+		ms[i] = m
+	}
+	// Node 1's data plane, with a tracker that counts its scans.
+	var scans int
+	trk := newTracker(func([]netip.Addr) ([]conn, error) { scans++; return nil, nil }, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go trk.run(ctx)
+	dp := &fakeDP{}
+	rec := newReconciler(1, log, dp, func() net.HardwareAddr { return net.HardwareAddr{2, 0, 0, 0, 0, 1} }, trk, ms[0].toDP, ms[0].reports)
+	rec.now = clock
+	push := func() pushReport {
+		t.Helper()
+		rec.snap = ms[0].toDP.take()
+		rec.reconcile(ctx, now)
+		rep := ms[0].reports.take()
+		if !rep.ok || rep.snap != rec.snap {
+			t.Fatalf("no report of snapshot %d in the kernel", rec.snap.gen)
+		}
+		ms[0].takeReport(rep)
+		return rep
+	}
+	step := func(peers bool) {
+		now = now.Add(period / 10)
+		for i, m := range ms {
+			if i == 1 && !peers {
+				inbox[1] = nil
+				continue
+			}
+			msgs := inbox[i]
+			inbox[i] = nil
+			for _, msg := range msgs {
+				m.receive(msg, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 7001+(1-i))))
+			}
+			m.step(now)
+			if i == 1 {
+				m.takeReport(pushReport{snap: m.snap.Load(), ok: true, healthy: true})
+			} else {
+				push()
+			}
+		}
+	}
+	for range 200 {
+		step(true)
+	}
+	if s := ms[0].snap.Load(); !s.hb.Converged || len(s.hb.View.Eligible) != 2 {
+		t.Fatalf("node 1 did not converge with node 2: view %v converged %v", s.hb.View, s.hb.Converged)
+	}
+	updates, scanned := dp.updates.Load(), scans
+	// Node 2 stops: once its tables are in it sends a heartbeat that says
+	// so, then nothing.
+	ms[1].leaving = true
+	step(true)
+	step(true)
+	var acquired bool
+	for range 50 {
+		step(false)
+		s := ms[0].snap.Load()
+		if s.hb.View.Has(2) {
+			continue
+		}
+		if !s.hb.Converged {
+			if scans != scanned {
+				t.Fatalf("node 1 scanned sockets for a view that releases nothing here (%d scans)", scans-scanned)
+			}
+			if n := dp.updates.Load(); n != updates {
+				t.Fatalf("node 1 pushed %d tables for a view that changes none of its buckets", n-updates)
+			}
+			continue
+		}
+		if got := s.hb.Accept.get().Buckets[1].Count(); got != filter.NumBuckets {
+			t.Fatalf("node 1 alone accepts %d buckets of rule 1, want all %d", got, filter.NumBuckets)
+		}
+		if k := dp.kernel.Load(); k == nil || stateCounts(k, filter.Owned)[1] != filter.NumBuckets {
+			t.Fatalf("converged alone, node 1's kernel tables do not accept every bucket")
+		}
+		acquired = true
+		break
+	}
+	if !acquired {
+		t.Fatal("node 1 never converged alone after node 2 left")
+	}
+	if n := dp.updates.Load() - updates; n != 1 {
+		t.Errorf("node 1 pushed %d tables from node 2's leaving to its acquisition, want 1 (the acquisition)", n)
 	}
 }
