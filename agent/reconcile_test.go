@@ -188,7 +188,8 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 		}
 		if !s.hb.Converged {
 			if scans != scanned {
-				t.Fatalf("node 1 scanned sockets for a view that releases nothing here (%d scans)", scans-scanned)
+				t.Fatalf("node 1 scanned sockets for a view that releases nothing here (%d scans; view %v, accepting %d buckets, kernel tables accept %v)",
+					scans-scanned, s.hb.View, s.hb.Accept.get().Buckets.Count(), stateCounts(rec.last.tables, filter.Owned))
 			}
 			if n := dp.updates.Load(); n != updates {
 				t.Fatalf("node 1 pushed %d tables for a view that changes none of its buckets", n-updates)
