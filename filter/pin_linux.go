@@ -156,6 +156,13 @@ func adoptTables(dir string, st Pinned) (*XDP, error) {
 		x.objs.Close()
 		return nil, fmt.Errorf("pinned tables at version %d, recorded %d", x.version, st.Version)
 	}
+	// The agent that pinned them may have flipped just before it stopped:
+	// wait once until no packet is judged by an old copy, which the next
+	// Update may write.
+	if err := x.barrier(); err != nil {
+		x.objs.Close()
+		return nil, fmt.Errorf("adopt the pinned tables: %w", err)
+	}
 	var k shoalHbPeer
 	var v uint8
 	for it := x.objs.HbPeers.Iterate(); it.Next(&k, &v); {
@@ -245,9 +252,12 @@ func (x *XDP) Pin(dir string) (err error) {
 func (x *XDP) Pinned() *Pinned {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return &Pinned{Program: programStamp(), Mode: string(x.mode), Version: x.version, Slots: maps.Clone(x.slots),
-		VIPDir:  [2][]uint32{slices.Clone(x.vipDir[0]), slices.Clone(x.vipDir[1])},
-		VIP6Dir: [2][]uint32{slices.Clone(x.vip6Dir[0]), slices.Clone(x.vip6Dir[1])}}
+	p := &Pinned{Program: programStamp(), Mode: string(x.mode), Version: x.version, Slots: maps.Clone(x.slots),
+		VIPDir: x.vipDir, VIP6Dir: x.vip6Dir}
+	for v := range p.VIPDir {
+		p.VIPDir[v], p.VIP6Dir[v] = slices.Clone(p.VIPDir[v]), slices.Clone(p.VIP6Dir[v])
+	}
+	return p
 }
 
 // unpin removes every pin of x's objects (Unpin of an unpinned object does

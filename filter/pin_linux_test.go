@@ -151,7 +151,7 @@ func attachedProg(t *testing.T, ifname string) uint32 {
 }
 
 // TestPinAdoptIPv6VIPs: the record carries the IPv6 VIP directory, so an
-// adopter that removes an IPv6 VIP clears it from both versions of the
+// adopter that removes an IPv6 VIP clears it from every version of the
 // tables: traffic to it passes again.
 func TestPinAdoptIPv6VIPs(t *testing.T) {
 	ns := newNetns(t)
@@ -164,7 +164,7 @@ func TestPinAdoptIPv6VIPs(t *testing.T) {
 	vip4, vip6 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("2001:db8::1")
 	with := &Tables{Config: &Config{Seed: 7, VIPs: []netip.Addr{vip4, vip6}}}
 	without := &Tables{Config: &Config{Seed: 7, VIPs: []netip.Addr{vip4}}}
-	for range 2 { // both versions hold the IPv6 VIP
+	for range tableVersions { // every version holds the IPv6 VIP
 		if err := x.Update(with, mac); err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +193,7 @@ func TestPinAdoptIPv6VIPs(t *testing.T) {
 	if !ad.Tables {
 		t.Fatalf("adoption %+v; want the tables", ad)
 	}
-	for i := range 2 {
+	for i := range tableVersions {
 		if err := y.Update(without, mac); err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,9 @@ import (
 const (
 	maxSlots = MaxRules + 1
 	vipDir   = 256 // VIP directory entries per version, by last octet
+	// tableVersions is how many copies of every table the program has
+	// (NUM_VERSIONS in xdp/shoal.c).
+	tableVersions = 3
 )
 
 // AttachMode is how the program is attached to an interface.
@@ -41,11 +44,19 @@ type XDP struct {
 	objs    shoalObjects
 	link    link.Link
 	mode    AttachMode
-	version uint32            // the version packets are judged by
-	slots   map[RuleID]uint32 // rule -> table slot and counter index
-	vipDir  [2][]uint32       // vips entries that may hold VIPs, per version
-	vip6Dir [2][]uint32       // the same of vips6
-	hbPeers map[shoalHbPeer]bool
+	version uint32                  // the version packets are judged by
+	slots   map[RuleID]uint32       // rule -> table slot and counter index
+	vipDir  [tableVersions][]uint32 // vips entries that may hold VIPs, per version
+	vip6Dir [tableVersions][]uint32 // the same of vips6
+	// prevSlots are the slots of the version before the active one, which
+	// packets may still be counted by while it retires.
+	prevSlots map[RuleID]uint32
+	// retired[v] is closed once no packet is judged by version v any more,
+	// since the flip away from it (nil: never active, or known retired);
+	// retireErr[v] says whether that wait failed.
+	retired   [tableVersions]chan struct{}
+	retireErr [tableVersions]error
+	hbPeers   map[shoalHbPeer]bool
 	// pending is a link adopted from pins (LoadPinnedXDP), attached with
 	// pendingMode; Attach moves it to this program.
 	pending     link.Link
@@ -152,6 +163,9 @@ func (x *XDP) Detach() error {
 // Close detaches the program and frees it and its tables.
 func (x *XDP) Close() error {
 	x.mu.Lock()
+	for v := range uint32(tableVersions) {
+		x.waitRetired(v) // the wait uses the barrier map
+	}
 	x.unpin()
 	if x.pending != nil {
 		x.pending.Close()
@@ -166,11 +180,16 @@ func (x *XDP) Close() error {
 }
 
 // Update makes t the tables packets are judged by, and ifMAC the
-// destination MAC accepted frames get. The switch is atomic: it writes the
-// inactive copy of every table, flips the index the program reads once per
-// packet, then waits until no packet is still being judged by the old
-// copy, so that when Update returns the old tables are out of use. On error
-// the active tables are unchanged, and what was half written to the
+// destination MAC accepted frames get. The switch is atomic: it writes an
+// inactive copy of every table and flips the index the program reads once
+// per packet. When Update returns every packet that arrives is judged by t;
+// a packet whose judgement began before the flip (an XDP run lasts well
+// under a microsecond) may still finish under the old copy. The wait until
+// no packet uses the old copy (an RCU grace period, 5-30 ms on a busy
+// machine) runs in the background; there are three copies, so the copy the
+// next Update writes is the one retired two flips ago, and two pushes in a
+// row (a handoff's release, then its acquisition) never wait for it. On
+// error the active tables are unchanged, and what was half written to the
 // inactive copy is cleared by the next Update.
 func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	c := t.Config
@@ -189,7 +208,10 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	next := x.version ^ 1
+	next := (x.version + 1) % tableVersions
+	if err := x.waitRetired(next); err != nil {
+		return err
+	}
 	slots, fresh := x.assignSlots(c)
 	for _, s := range fresh {
 		if err := x.zeroCounters(s); err != nil {
@@ -248,12 +270,40 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	if err := x.objs.Active.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("flip xdp tables: %w", err)
 	}
-	x.version, x.slots = next, slots
-	// A map-in-map update returns only after every running BPF program has
-	// finished (synchronize_rcu), so no packet still uses the old version.
+	old := x.version
+	x.version, x.prevSlots, x.slots = next, x.slots, slots
+	done := make(chan struct{})
+	x.retired[old], x.retireErr[old] = done, nil
+	go func() {
+		x.retireErr[old] = x.barrier()
+		close(done)
+	}()
+	return nil
+}
+
+// barrier returns once every BPF program running when it was called has
+// finished: a map-in-map update waits for that (synchronize_rcu).
+func (x *XDP) barrier() error {
 	if err := x.objs.Barrier.Update(uint32(0), x.objs.BarrierInner, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("wait for xdp programs after flip: %w", err)
 	}
+	return nil
+}
+
+// waitRetired waits until no packet is judged by version v any more, so
+// that it may be written; if the background wait failed it waits again.
+// Call it with mu held.
+func (x *XDP) waitRetired(v uint32) error {
+	if x.retired[v] == nil {
+		return nil
+	}
+	<-x.retired[v]
+	if x.retireErr[v] != nil {
+		if err := x.barrier(); err != nil {
+			return err
+		}
+	}
+	x.retired[v], x.retireErr[v] = nil, nil
 	return nil
 }
 
@@ -339,13 +389,16 @@ func (x *XDP) writeVIPs6(v uint32, vips []netip.Addr) error {
 
 // assignSlots gives each rule of c a table slot, keeping the slot a rule
 // already has so its counters carry on. A new rule takes a slot no rule
-// used in the active version if there is one, so that packets still being
-// counted by the old version never land on it. fresh lists the new slots.
+// used in the active version or the one before if there is one, so that
+// packets still being counted by an old version never land on it. fresh lists the new slots.
 func (x *XDP) assignSlots(c *Config) (slots map[RuleID]uint32, fresh []uint32) {
 	slots = map[RuleID]uint32{DefaultRule: 0}
 	var inNew, inOld [maxSlots]bool
 	inNew[0], inOld[0] = true, true
 	for _, s := range x.slots {
+		inOld[s] = true
+	}
+	for _, s := range x.prevSlots {
 		inOld[s] = true
 	}
 	for _, r := range c.Rules {

@@ -31,7 +31,7 @@ func TestUpdatePartialFailure(t *testing.T) {
 		}
 		return act
 	}
-	// Version 1 gets {a}, then version 0 {c}; version 1 is written next.
+	// One version gets {a}, the next {c}; then the next is written.
 	for _, vs := range [][]netip.Addr{{a}, {c}} {
 		if err := x.Update(tables(vs...), nodeMAC); err != nil {
 			t.Fatal(err)
@@ -45,7 +45,7 @@ func TestUpdatePartialFailure(t *testing.T) {
 		}
 		return put(k, vb)
 	}
-	// {b, a} to version 1: b's entry is written first (keys in map order,
+	// {b, a} to the next version: b's entry is written first (keys in map order,
 	// so try until the first write is b's), then the failure.
 	failed := false
 	for i := 0; i < 50 && !failed; i++ {
@@ -54,7 +54,8 @@ func TestUpdatePartialFailure(t *testing.T) {
 			t.Fatal("Update with an injected failure: no error")
 		}
 		var vb shoalVipBucket
-		if err := x.objs.Vips.Lookup(uint32(vipDir+2), &vb); err != nil {
+		next := (x.version + 1) % tableVersions
+		if err := x.objs.Vips.Lookup(next*vipDir+2, &vb); err != nil {
 			t.Fatal(err)
 		}
 		failed = vb.N == 1
@@ -66,7 +67,7 @@ func TestUpdatePartialFailure(t *testing.T) {
 	if act := judge(); act != xdpPass {
 		t.Fatalf("after the failed Update, a packet to %v: action %d, want pass (the active tables have no such VIP)", b, act)
 	}
-	// The next write of version 1 must clear b's half-written entry.
+	// The next write of that version must clear b's half-written entry.
 	if err := x.Update(tables(a), nodeMAC); err != nil {
 		t.Fatal(err)
 	}

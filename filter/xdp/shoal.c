@@ -4,9 +4,12 @@
 // of the VIP traffic, pass everything else untouched. The rules are the Go
 // reference classifier's (filter/classify.go, classify6.go); a differential
 // test runs both on the same frames. Two parsers, IPv4 and IPv6, turn a
-// packet into a struct flow; one verdict core judges every flow. All tables exist twice (version 0 and 1); the loader
-// fills the inactive version and then flips `active`, so a packet, which
-// reads `active` once, is judged by one whole version.
+// packet into a struct flow; one verdict core judges every flow. All
+// tables exist three times (versions 0, 1 and 2); the loader fills an
+// inactive version and then flips `active`, so a packet, which reads
+// `active` once, is judged by one whole version. With three, the version
+// written next is never the one the last flip retired, which packets may
+// still be using: a push need not wait for the flip before it.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -18,6 +21,7 @@
 #define MAX_VIPS 64    // a power of two: VIP indexes are masked with it
 #define MAX_SLOTS 257  // rule slots: 0 is DefaultRule, 1..256 port rules
 #define NUM_BUCKETS 4096
+#define NUM_VERSIONS 3 // of every table: filter/xdp_linux.go tableVersions
 #define NUM_PORTS 65536
 #define FRAG_ENTRIES 16384 // datagrams whose first fragment's verdict is remembered
 #define MAX_HB_PEERS 1024
@@ -96,7 +100,7 @@ struct counters {
 	__u64 n[NUM_COUNTERS];
 };
 
-// active[0] is the version (0 or 1) packets are judged by.
+// active[0] is the version (0, 1 or 2) packets are judged by.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -107,7 +111,7 @@ struct {
 // settings[version]: hash seed and the interface MAC accepted frames get.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, NUM_VERSIONS);
 	__type(key, __u32);
 	__type(value, struct settings);
 } settings SEC(".maps");
@@ -117,7 +121,7 @@ struct {
 // less than a hash map lookup, and every packet, VIP or not, pays this one.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2 * VIP_DIR);
+	__uint(max_entries, NUM_VERSIONS * VIP_DIR);
 	__type(key, __u32);
 	__type(value, struct vip_bucket);
 } vips SEC(".maps");
@@ -126,7 +130,7 @@ struct {
 // vips holds the IPv4 ones. VIP indexes are shared by both families.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2 * VIP_DIR);
+	__uint(max_entries, NUM_VERSIONS * VIP_DIR);
 	__type(key, __u32);
 	__type(value, struct vip6_bucket);
 } vips6 SEC(".maps");
@@ -134,7 +138,7 @@ struct {
 // ports[(version*MAX_VIPS + vip index)*2 + (0 tcp, 1 udp)]: port -> slot.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2 * MAX_VIPS * 2);
+	__uint(max_entries, NUM_VERSIONS * MAX_VIPS * 2);
 	__type(key, __u32);
 	__type(value, struct port_table);
 } ports SEC(".maps");
@@ -142,7 +146,7 @@ struct {
 // rules[version*MAX_SLOTS + slot]: the rule's affinity and whether it is disabled.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2 * MAX_SLOTS);
+	__uint(max_entries, NUM_VERSIONS * MAX_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rule_info);
 } rules SEC(".maps");
@@ -150,7 +154,7 @@ struct {
 // buckets[version*MAX_SLOTS + slot]: this node's state for each bucket.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2 * MAX_SLOTS);
+	__uint(max_entries, NUM_VERSIONS * MAX_SLOTS);
 	__type(key, __u32);
 	__type(value, struct bucket_table);
 } buckets SEC(".maps");
@@ -241,7 +245,8 @@ struct {
 // The loader updates barrier[0] after a flip: the kernel waits for every
 // running BPF program when a map-in-map element changes, so once that
 // returns no packet is still being judged by the old version, and the
-// loader may overwrite it. The program never reads it.
+// loader may overwrite it (it waits in the background, and before it writes
+// a version again). The program never reads it.
 struct barrier_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -764,7 +769,7 @@ __attribute__((noinline)) int shoal_embedded6(shoal_ctx *ctx, struct flow *f, __
 	__u32 e_off = e >> 16, elen = e & 0xffff;
 	__u8 *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	version &= 1;
+	version &= 3; // below NUM_VERSIONS already (the caller's check); bounded for the verifier
 	if (e_off > 2048 || src_off > 64)
 		return P_MALFORMED; // cannot happen: tells the verifier
 	__u8 *src = data + src_off;
@@ -989,7 +994,9 @@ static __always_inline int shoal_judge(shoal_ctx *ctx)
 	__u32 *ver = bpf_map_lookup_elem(&active, &zero);
 	if (!ver)
 		return V_PASS;
-	__u32 version = *ver & 1;
+	__u32 version = *ver;
+	if (version >= NUM_VERSIONS)
+		return V_PASS;
 
 	struct flow f = {};
 	__u8 *th = 0; // the TCP header, for the SYN-cookie check
