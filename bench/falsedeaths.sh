@@ -7,6 +7,7 @@
 #         udp dport 7946 numgen random mod N == 0 drop, N = 100/LOSS)
 #   burn  both cores kept busy by BURNERS (one per CPU) busy loops at nice
 #         0 that this script starts and kills by PID
+#   both  loss and burn at once
 #   idle  neither (the baseline)
 # No node fails during the run, so every "dead: no heartbeat" view change
 # an agent logs is a false death; the script counts them per node, and the
@@ -21,8 +22,10 @@ PERIOD=${PERIOD:-20ms}
 DURATION=${DURATION:-600}
 LOSS=${LOSS:-20}
 BURNERS=${BURNERS:-$(nproc)}
-case $MODE in loss | burn | idle) ;; *) echo "MODE=$MODE: want loss, burn or idle" >&2; exit 2 ;; esac
-if [ "$MODE" = loss ] && { [ "$LOSS" -le 0 ] || [ $((100 % LOSS)) != 0 ]; }; then
+case $MODE in loss | burn | both | idle) ;; *) echo "MODE=$MODE: want loss, burn, both or idle" >&2; exit 2 ;; esac
+lossy() { [ "$MODE" = loss ] || [ "$MODE" = both ]; }
+busy() { [ "$MODE" = burn ] || [ "$MODE" = both ]; }
+if lossy && { [ "$LOSS" -le 0 ] || [ $((100 % LOSS)) != 0 ]; }; then
 	echo "LOSS=$LOSS: want a divisor of 100 (numgen mod 100/LOSS)" >&2
 	exit 2
 fi
@@ -38,8 +41,7 @@ echo "load before: $(cat /proc/loadavg)" >&2
 lab_up 3 --period "$PERIOD" --keep-logs "$logs"
 read -r period tolerance < <(heartbeat_settings "${NODE_SOCK[1]}")
 echo "heartbeat $period x $tolerance, mode $MODE, $DURATION s" >&2
-case $MODE in
-loss)
+if lossy; then
 	for i in 1 2 3; do
 		ip netns exec "${NODE_NS[i]}" nft -f - <<EOF
 table inet shoal_falsedeaths {
@@ -50,14 +52,13 @@ table inet shoal_falsedeaths {
 }
 EOF
 	done
-	;;
-burn)
+fi
+if busy; then
 	for _ in $(seq "$BURNERS"); do
 		nice -n 0 sh -c 'while :; do :; done' &
 		burners+=($!)
 	done
-	;;
-esac
+fi
 # Every agent's log from the start of the run on: the counts below are of
 # what happened during it.
 declare -A from
@@ -70,7 +71,7 @@ start=$(now_s)
 sleep "$DURATION"
 end=$(now_s)
 dropped=0
-if [ "$MODE" = loss ]; then
+if lossy; then
 	for i in 1 2 3; do
 		n=$(ip netns exec "${NODE_NS[i]}" nft list table inet shoal_falsedeaths | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
 		dropped=$((dropped + ${n:-0}))
@@ -87,5 +88,5 @@ done
 total=$((deaths[0] + deaths[1] + deaths[2]))
 printf '{"mode":"%s","period":"%s","tolerance":%s,"seconds":%.0f,"loss_pct":%s,"burners":%s,"heartbeats_dropped":%s,"false_deaths":%s,"false_deaths_per_node":[%s],"view_changes_per_node":[%s],"logs":"%s"}\n' \
 	"$MODE" "$period" "$tolerance" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" \
-	"$([ "$MODE" = loss ] && echo "$LOSS" || echo 0)" "$([ "$MODE" = burn ] && echo "$BURNERS" || echo 0)" \
+	"$(lossy && echo "$LOSS" || echo 0)" "$(busy && echo "$BURNERS" || echo 0)" \
 	"$dropped" "$total" "$(IFS=,; echo "${deaths[*]}")" "$(IFS=,; echo "${changes[*]}")" "$logs"
