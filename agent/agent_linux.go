@@ -197,7 +197,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	if err != nil {
 		return err
 	}
-	ctlSrv := &http.Server{Handler: controlHandler(a), ReadHeaderTimeout: 5 * time.Second}
+	ctlSrv := &http.Server{Handler: a.once(controlHandler(a)), ReadHeaderTimeout: 5 * time.Second}
 	go ctlSrv.Serve(ctlLn)
 	cleanup(func() error { ctlSrv.Close(); os.Remove(cfg.Socket); return nil })
 

@@ -91,13 +91,29 @@ func (a *Agent) peerHandler() http.Handler {
 		})
 	}
 	a.doctorPeerHandlers(mux)
-	mux.Handle("GET /v1/peer/sample", a.store.Authorize(rules.MembersOnly, a.sampleHandler()))
-	mux.Handle("GET /v1/peer/flow", a.store.Authorize(rules.MembersOnly, a.flowPeerHandler()))
+	mux.Handle("GET /v1/peer/sample", a.store.Authorize(rules.MembersOnly, a.once(a.sampleHandler())))
+	mux.Handle("GET /v1/peer/flow", a.store.Authorize(rules.MembersOnly, a.once(a.flowPeerHandler())))
 	mux.Handle("GET "+pathAlive, a.store.Authorize(rules.MembersOnly, aliveHandler(a.outOfMembership)))
-	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, a.once(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.status())
-	})))
+	}))))
 	return recoverer(mux)
+}
+
+// once serves reads (GET) only once the node runs: until then its
+// snapshots are not published (the peer API serves Raft before the node
+// exists, the control socket opens before its first step), and a read of
+// them would find nothing. The caller is told to ask again. Commands go
+// to the replicated store, which is there already.
+func (a *Agent) once(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := a.running.Load(); r.Method == http.MethodGet && (n == nil || n.mem.snap.Load() == nil) {
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, http.StatusServiceUnavailable, APIError{Error: "the agent is starting; ask again in a moment"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // plug pulls or restores the virtual plug. A pull restores itself after
