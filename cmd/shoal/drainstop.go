@@ -39,12 +39,17 @@ var drainstopCommand = &cli.Command{
 	},
 }
 
+// applyGrace bounds how long waitDrained waits for the node asked to apply
+// the drain it was just told of.
+const applyGrace = 5 * time.Second
+
 // waitDrained polls until the node is stopped or the timeout passes.
 func waitDrained(ctx context.Context, cl *agent.Client, c *cli.Context, node string, timeout time.Duration) error {
 	start := time.Now()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	lastPrint := time.Time{}
+	drained := false
 	for {
 		admin, conns, err := drainProgress(ctx, cl, node)
 		if err != nil {
@@ -54,7 +59,11 @@ func waitDrained(ctx context.Context, cl *agent.Client, c *cli.Context, node str
 			fmt.Fprintf(c.App.Writer, "%s: stopped after %s\n", nodeLabel(node), time.Since(start).Round(time.Millisecond))
 			return nil
 		}
-		if admin != "draining" {
+		// Reads are local: the node asked may not have applied the drain
+		// yet, so a state from before it is not yet an answer.
+		if admin == "draining" {
+			drained = true
+		} else if drained || time.Since(start) >= applyGrace {
 			return fmt.Errorf("%s left draining: it is now %s", nodeLabel(node), admin)
 		}
 		if time.Since(lastPrint) >= time.Second {
