@@ -4,12 +4,13 @@
 // of the VIP traffic, pass everything else untouched. The rules are the Go
 // reference classifier's (filter/classify.go, classify6.go); a differential
 // test runs both on the same frames. Two parsers, IPv4 and IPv6, turn a
-// packet into a struct flow; one verdict core judges every flow. All
-// tables exist three times (versions 0, 1 and 2); the loader fills an
-// inactive version and then flips `active`, so a packet, which reads
-// `active` once, is judged by one whole version. With three, the version
-// written next is never the one the last flip retired, which packets may
-// still be using: a push need not wait for the flip before it.
+// packet into a struct flow, with one set of transport readers (ports,
+// ICMP errors' quotes, later fragments) for both; one verdict core judges
+// every flow. All tables exist three times (versions 0, 1 and 2); the
+// loader fills an inactive version and then flips `active`, so a packet,
+// which reads `active` once, is judged by one whole version. With three,
+// the version written next is never the one the last flip retired, which
+// packets may still be using: a push need not wait for the flip before it.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -522,6 +523,121 @@ static __always_inline __u8 rule_affinity(__u32 version, __u32 slot)
 	return ri ? ri->affinity : AFF_SINGLE;
 }
 
+// The transport readers below serve both parsers. An IP header ip holds
+// the client's and the VIP's address at src_addr(v6, ip) and
+// dst_addr(v6, ip) (a packet from a client), or the other way round (the
+// packet an ICMP error quotes, which went from the VIP to the client).
+// v6 is a constant at every call, so each inlined copy keeps one family.
+static __always_inline __u8 *src_addr(int v6, __u8 *ip)
+{
+	return ip + (v6 ? 8 : 12);
+}
+
+static __always_inline __u8 *dst_addr(int v6, __u8 *ip)
+{
+	return ip + (v6 ? 24 : 16);
+}
+
+// key_client keys the client address at a (within the packet) and port
+// by aff: key4's or key6's words.
+static __always_inline void key_client(struct flow *f, int v6, __u8 aff, __u8 *a, __u16 port)
+{
+	if (v6)
+		key6(f, aff, a, port);
+	else
+		key4(f, aff, bpf_ntohl(*(__u32 *)a), port);
+}
+
+// tcp_tuple marks f as TCP with the 4-tuple for the socket lookup: the
+// client's and the VIP's address (within the packet) and port (network
+// byte order).
+static __always_inline void tcp_tuple(struct flow *f, int v6, __u8 *client, __u8 *vip, __be16 cport, __be16 vport)
+{
+	f->tcp = 1;
+	if (v6) {
+		copy16(f->client_ip, client);
+		copy16(f->vip_ip, vip);
+	} else {
+		f->client_ip[0] = *(__u32 *)client;
+		f->vip_ip[0] = *(__u32 *)vip;
+	}
+	f->client_port = cport;
+	f->vip_port = vport;
+}
+
+// no_ports judges a flow whose ports are not known (a later fragment, or
+// a protocol without ports) by the rule for port 0 of its protocol (slot 0
+// when it is neither TCP nor UDP) and the client address at client alone,
+// as every node judges it alike.
+static __always_inline int no_ports(struct flow *f, int v6, __u32 version, __u32 vidx, __u8 proto, __u8 *client)
+{
+	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP)
+		f->slot = port_slot(version, vidx, proto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, 0);
+	key_client(f, v6, AFF_SINGLE, client, 0);
+	return P_JUDGE;
+}
+
+// l4_ports reads the TCP or UDP header at l4, l4len bytes long, of the
+// packet ip from a client to the VIP vidx: the rule by destination port,
+// the key by the rule's affinity and, for TCP, the 4-tuple, the flags and
+// the header for the SYN-cookie check (th).
+static __always_inline int l4_ports(struct flow *f, int v6, __u8 *ip, __u8 *l4, __u32 l4len, void *data_end,
+				    __u32 version, __u32 vidx, __u8 proto, __u8 **th)
+{
+	int tcp = proto == IPPROTO_TCP;
+	if (tcp) {
+		if (l4len < 20)
+			return P_MALFORMED;
+		if (l4 + 20 > (__u8 *)data_end)
+			return P_MALFORMED;
+		__u32 doff = (l4[12] >> 4) * 4;
+		if (doff < 20 || doff > l4len)
+			return P_MALFORMED;
+	} else {
+		if (l4len < 8)
+			return P_MALFORMED;
+		if (l4 + 8 > (__u8 *)data_end)
+			return P_MALFORMED;
+	}
+	__u16 sport = bpf_ntohs(*(__u16 *)l4);
+	__u16 dport = bpf_ntohs(*(__u16 *)(l4 + 2));
+	f->slot = port_slot(version, vidx, tcp ? PROTO_TCP_IDX : PROTO_UDP_IDX, dport);
+	key_client(f, v6, rule_affinity(version, f->slot), src_addr(v6, ip), sport);
+	if (tcp) {
+		if (l4 + 20 > (__u8 *)data_end)
+			return P_MALFORMED; // checked above; clang may merge the checks
+		f->syn = (l4[13] & 0x12) == 0x02;
+		f->cookie = (l4[13] & 0x16) == 0x10; // ACK without SYN or RST
+		*th = l4;
+		tcp_tuple(f, v6, src_addr(v6, ip), dst_addr(v6, ip), *(__u16 *)l4, *(__u16 *)(l4 + 2));
+	}
+	return P_JUDGE;
+}
+
+// quoted_ports judges an ICMP error as the packets of the flow it quotes:
+// e, the quoted IP header, elen bytes of quote, from the VIP evidx to a
+// client; proto its transport, at off unless the quoted packet is a later
+// fragment (later).
+static __always_inline int quoted_ports(struct flow *f, int v6, __u8 *e, __u32 elen, __u32 off, int later, __u8 proto,
+					void *data_end, __u32 version, __u32 evidx)
+{
+	__u8 *client = dst_addr(v6, e), *vip = src_addr(v6, e);
+	if (later || (proto != IPPROTO_TCP && proto != IPPROTO_UDP))
+		return no_ports(f, v6, version, evidx, proto, client);
+	if (off > MAX_L4_OFF || off + 4 > elen)
+		return P_MALFORMED;
+	__u8 *ep = e + off;
+	if (ep + 4 > (__u8 *)data_end)
+		return P_MALFORMED;
+	__u16 vport = bpf_ntohs(*(__u16 *)ep);
+	__u16 cport = bpf_ntohs(*(__u16 *)(ep + 2));
+	f->slot = port_slot(version, evidx, proto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, vport);
+	key_client(f, v6, rule_affinity(version, f->slot), client, cport);
+	if (proto == IPPROTO_TCP)
+		tcp_tuple(f, v6, client, vip, *(__u16 *)(ep + 2), *(__u16 *)ep);
+	return P_JUDGE;
+}
+
 // parse4 reads the flow of the IPv4 packet ip (20 bytes of it are within
 // the frame).
 static __always_inline int parse4(__u8 *ip, void *data_end, __u32 version, struct flow *f, __u8 **th)
@@ -536,7 +652,6 @@ static __always_inline int parse4(__u8 *ip, void *data_end, __u32 version, struc
 	if ((ip[0] >> 4) != 4 || ihl < 20 || total < ihl || total > avail)
 		return P_MALFORMED;
 
-	__u32 src = bpf_ntohl(*(__u32 *)(ip + 12));
 	__u8 proto = ip[9];
 	__u32 l4len = total - ihl;
 	__u8 *l4 = ip + ihl;
@@ -555,47 +670,11 @@ static __always_inline int parse4(__u8 *ip, void *data_end, __u32 version, struc
 		// was not seen (or forgotten): rule for port 0, key (client IP,
 		// 0), as every node judges it alike.
 		f->later_frag = 1;
-		if (proto == IPPROTO_TCP)
-			f->slot = port_slot(version, vidx, PROTO_TCP_IDX, 0);
-		else if (proto == IPPROTO_UDP)
-			f->slot = port_slot(version, vidx, PROTO_UDP_IDX, 0);
-		key4(f, AFF_SINGLE, src, 0);
-		return P_JUDGE;
+		return no_ports(f, 0, version, vidx, proto, ip + 12);
 	}
 
-	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
-		if (proto == IPPROTO_TCP) {
-			if (l4len < 20)
-				return P_MALFORMED;
-			if (l4 + 20 > (__u8 *)data_end)
-				return P_MALFORMED;
-			__u32 doff = (l4[12] >> 4) * 4;
-			if (doff < 20 || doff > l4len)
-				return P_MALFORMED;
-		} else {
-			if (l4len < 8)
-				return P_MALFORMED;
-			if (l4 + 8 > (__u8 *)data_end)
-				return P_MALFORMED;
-		}
-		__u16 sport = bpf_ntohs(*(__u16 *)l4);
-		__u16 dport = bpf_ntohs(*(__u16 *)(l4 + 2));
-		f->slot = port_slot(version, vidx, proto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, dport);
-		key4(f, rule_affinity(version, f->slot), src, sport);
-		if (proto == IPPROTO_TCP) {
-			if (l4 + 20 > (__u8 *)data_end)
-				return P_MALFORMED; // checked above; clang may merge the checks
-			f->tcp = 1;
-			f->syn = (l4[13] & 0x12) == 0x02;
-			f->cookie = (l4[13] & 0x16) == 0x10; // ACK without SYN or RST
-			*th = l4;
-			f->client_ip[0] = *(__u32 *)(ip + 12);
-			f->vip_ip[0] = *(__u32 *)(ip + 16);
-			f->client_port = *(__u16 *)l4;
-			f->vip_port = *(__u16 *)(l4 + 2);
-		}
-		return P_JUDGE;
-	}
+	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP)
+		return l4_ports(f, 0, ip, l4, l4len, data_end, version, vidx, proto, th);
 
 	if (proto == IPPROTO_ICMP) {
 		if (l4len < 8)
@@ -616,42 +695,15 @@ static __always_inline int parse4(__u8 *ip, void *data_end, __u32 version, struc
 				return P_MALFORMED;
 			__u32 evidx;
 			if (!vip_index(version, *(__u32 *)(e + 12), &evidx)) {
-				key4(f, AFF_SINGLE, src, 0); // not about a VIP flow: like any other ICMP
+				key_client(f, 0, AFF_SINGLE, ip + 12, 0); // not about a VIP flow: like any other ICMP
 				return P_JUDGE;
 			}
-			__u32 client = bpf_ntohl(*(__u32 *)(e + 16));
-			__u8 eproto = e[9];
-			if (eproto != IPPROTO_TCP && eproto != IPPROTO_UDP) {
-				key4(f, AFF_SINGLE, client, 0);
-				return P_JUDGE;
-			}
-			__u32 pidx = eproto == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX;
-			if (bpf_ntohs(*(__u16 *)(e + 6)) & 0x1fff) {
-				f->slot = port_slot(version, evidx, pidx, 0);
-				key4(f, AFF_SINGLE, client, 0);
-				return P_JUDGE;
-			}
-			if (eihl + 4 > elen)
-				return P_MALFORMED;
-			__u8 *ep = e + eihl;
-			if (ep + 4 > (__u8 *)data_end)
-				return P_MALFORMED;
-			__u16 vport = bpf_ntohs(*(__u16 *)ep);
-			__u16 cport = bpf_ntohs(*(__u16 *)(ep + 2));
-			f->slot = port_slot(version, evidx, pidx, vport);
-			key4(f, rule_affinity(version, f->slot), client, cport);
-			if (eproto == IPPROTO_TCP) {
-				f->tcp = 1;
-				f->client_ip[0] = *(__u32 *)(e + 16);
-				f->vip_ip[0] = *(__u32 *)(e + 12);
-				f->client_port = *(__u16 *)(ep + 2);
-				f->vip_port = *(__u16 *)ep;
-			}
-			return P_JUDGE;
+			int later = bpf_ntohs(*(__u16 *)(e + 6)) & IP_OFFSET;
+			return quoted_ports(f, 0, e, elen, eihl, later, e[9], data_end, version, evidx);
 		}
 	}
 	// ICMP that is not an error, and other protocols.
-	key4(f, AFF_SINGLE, src, 0);
+	key_client(f, 0, AFF_SINGLE, ip + 12, 0);
 	return P_JUDGE;
 }
 
@@ -725,34 +777,7 @@ static __always_inline int embedded6(__u8 *e, __u32 elen, __u8 *src, void *data_
 	struct walk w = {};
 	if (walk_ipv6(e, elen, data_end, &w) < 0)
 		return P_MALFORMED;
-	if (w.nh != IPPROTO_TCP && w.nh != IPPROTO_UDP) {
-		key6(f, AFF_SINGLE, e + 24, 0);
-		return P_JUDGE;
-	}
-	__u32 pidx = w.nh == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX;
-	if (w.later) {
-		f->slot = port_slot(version, evidx, pidx, 0);
-		key6(f, AFF_SINGLE, e + 24, 0);
-		return P_JUDGE;
-	}
-	__u32 off = w.off;
-	if (off > MAX_L4_OFF || off + 4 > elen)
-		return P_MALFORMED;
-	__u8 *ep = e + off;
-	if (ep + 4 > (__u8 *)data_end)
-		return P_MALFORMED;
-	__u16 vport = bpf_ntohs(*(__u16 *)ep);
-	__u16 cport = bpf_ntohs(*(__u16 *)(ep + 2));
-	f->slot = port_slot(version, evidx, pidx, vport);
-	key6(f, rule_affinity(version, f->slot), e + 24, cport);
-	if (w.nh == IPPROTO_TCP) {
-		f->tcp = 1;
-		copy16(f->client_ip, e + 24);
-		copy16(f->vip_ip, e + 8);
-		f->client_port = *(__u16 *)(ep + 2);
-		f->vip_port = *(__u16 *)ep;
-	}
-	return P_JUDGE;
+	return quoted_ports(f, 1, e, elen, w.off, w.later, w.nh, data_end, version, evidx);
 }
 
 // shoal_embedded6 reads the flow of the packet an ICMPv6 error quotes: e,
@@ -805,12 +830,7 @@ static __always_inline int parse6(shoal_ctx *ctx, __u8 *data, __u8 *ip, void *da
 	}
 	if (w.later) {
 		f->later_frag = 1;
-		if (w.fnext == IPPROTO_TCP)
-			f->slot = port_slot(version, vidx, PROTO_TCP_IDX, 0);
-		else if (w.fnext == IPPROTO_UDP)
-			f->slot = port_slot(version, vidx, PROTO_UDP_IDX, 0);
-		key6(f, AFF_SINGLE, ip + 8, 0);
-		return P_JUDGE;
+		return no_ports(f, 1, version, vidx, w.fnext, ip + 8);
 	}
 
 	__u32 off = w.off;
@@ -819,39 +839,8 @@ static __always_inline int parse6(shoal_ctx *ctx, __u8 *data, __u8 *ip, void *da
 	__u32 l4len = total - off;
 	__u8 *l4 = ip + off;
 	__u8 nh = w.nh;
-	if (nh == IPPROTO_TCP || nh == IPPROTO_UDP) {
-		if (nh == IPPROTO_TCP) {
-			if (l4len < 20)
-				return P_MALFORMED;
-			if (l4 + 20 > (__u8 *)data_end)
-				return P_MALFORMED;
-			__u32 doff = (l4[12] >> 4) * 4;
-			if (doff < 20 || doff > l4len)
-				return P_MALFORMED;
-		} else {
-			if (l4len < 8)
-				return P_MALFORMED;
-			if (l4 + 8 > (__u8 *)data_end)
-				return P_MALFORMED;
-		}
-		__u16 sport = bpf_ntohs(*(__u16 *)l4);
-		__u16 dport = bpf_ntohs(*(__u16 *)(l4 + 2));
-		f->slot = port_slot(version, vidx, nh == IPPROTO_TCP ? PROTO_TCP_IDX : PROTO_UDP_IDX, dport);
-		key6(f, rule_affinity(version, f->slot), ip + 8, sport);
-		if (nh == IPPROTO_TCP) {
-			if (l4 + 20 > (__u8 *)data_end)
-				return P_MALFORMED; // checked above; clang may merge the checks
-			f->tcp = 1;
-			f->syn = (l4[13] & 0x12) == 0x02;
-			f->cookie = (l4[13] & 0x16) == 0x10;
-			*th = l4;
-			copy16(f->client_ip, ip + 8);
-			copy16(f->vip_ip, ip + 24);
-			f->client_port = *(__u16 *)l4;
-			f->vip_port = *(__u16 *)(l4 + 2);
-		}
-		return P_JUDGE;
-	}
+	if (nh == IPPROTO_TCP || nh == IPPROTO_UDP)
+		return l4_ports(f, 1, ip, l4, l4len, data_end, version, vidx, nh, th);
 	if (nh == NH_ICMPV6) {
 		if (l4len < 8)
 			return P_MALFORMED;
@@ -865,7 +854,7 @@ static __always_inline int parse6(shoal_ctx *ctx, __u8 *data, __u8 *ip, void *da
 					       (long)(ip + 8) - (long)data, version);
 	}
 	// ICMPv6 that is not an error (echo requests...), and other protocols.
-	key6(f, AFF_SINGLE, ip + 8, 0);
+	key_client(f, 1, AFF_SINGLE, ip + 8, 0);
 	return P_JUDGE;
 }
 
