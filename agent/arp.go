@@ -35,59 +35,29 @@ const (
 
 var broadcastMAC = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-// arpVerdict says what the responder did with a frame, so tests and
-// counters can tell the cases apart.
-type arpVerdict uint8
-
-const (
-	arpReplied     arpVerdict = iota // a request for a VIP, answered
-	arpNotForVIP                     // valid ARP, not asking for a VIP
-	arpMalformed                     // not a parseable Ethernet+ARP frame
-	arpBadSender                     // asks for a VIP, but from a sender no reply may go to
-	arpRateLimited                   // would be answered, but over the reply rate
-	numARPVerdicts
-)
-
-// String names the verdict as the counters do.
-func (v arpVerdict) String() string {
-	switch v {
-	case arpReplied:
-		return "replied"
-	case arpNotForVIP:
-		return "ignored"
-	case arpMalformed:
-		return "malformed"
-	case arpBadSender:
-		return "bad_sender"
-	case arpRateLimited:
-		return "rate_limited"
-	}
-	return "unknown"
-}
-
 // arpReply answers an ARP request for one of vips. The reply frame's
 // Ethernet source is the node's own MAC while the ARP sender is the cluster
 // MAC: a frame with a multicast source would be dropped by every bridge and
 // switch, so the client would never learn the VIP.
-func arpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) ([]byte, arpVerdict) {
+func arpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) ([]byte, replyVerdict) {
 	if len(frame) < ethHeaderLen || binary.BigEndian.Uint16(frame[12:14]) != etherTypeARP {
-		return nil, arpMalformed
+		return nil, malformed
 	}
 	var req arp.Packet
 	if err := req.UnmarshalBinary(frame[ethHeaderLen:]); err != nil {
-		return nil, arpMalformed
+		return nil, malformed
 	}
 	if req.Operation != arp.OperationRequest || !isVIP(req.TargetIP, vips) {
-		return nil, arpNotForVIP
+		return nil, notForVIP
 	}
 	if !saneSender(req.SenderHardwareAddr, req.SenderIP, vips) {
-		return nil, arpBadSender
+		return nil, badSender
 	}
 	rep, err := arp.NewPacket(arp.OperationReply, ClusterMAC(req.TargetIP, mode), req.TargetIP, req.SenderHardwareAddr, req.SenderIP)
 	if err != nil {
-		return nil, arpMalformed
+		return nil, malformed
 	}
-	return ethernetFrame(req.SenderHardwareAddr, ownMAC, rep), arpReplied
+	return ethernetFrame(req.SenderHardwareAddr, ownMAC, rep), replied
 }
 
 // gratuitousARP announces vip at the cluster MAC to the whole segment, so

@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
-	"sync/atomic"
 
 	"github.com/mdlayher/packet"
 	"golang.org/x/time/rate"
@@ -21,53 +19,27 @@ const (
 	arpReplyBurst = 200
 )
 
-// arpStats counts the responder's verdicts; it outlives the sockets, which
-// are reopened when they fail.
-type arpStats struct {
-	n [numARPVerdicts]atomic.Uint64
-}
-
-func (s *arpStats) counters() map[string]uint64 {
-	m := make(map[string]uint64, numARPVerdicts)
-	for v := range numARPVerdicts {
-		m[v.String()] = s.n[v].Load()
-	}
-	return m
-}
-
 // arpResponder answers ARP for the VIPs on the cluster interface. Its packet
 // socket also holds the interface's membership of each cluster MAC, so the
 // membership ends with the agent, however it ends: a dead agent's node stops
 // taking frames for the cluster MAC.
 type arpResponder struct {
-	conn    *packet.Conn
-	ifindex int
-	ownMAC  func() net.HardwareAddr // the interface's current MAC
-	limit   *rate.Limiter
-	stats   *arpStats
-	vips    atomic.Pointer[vipSet]
-	joined  []string // the cluster MACs the socket joined; owned by the host
-
-	done chan struct{} // closed when serve returns
-	err  error         // why serve returned; read after done
+	*responder
+	joined []string // the cluster MACs the socket joined; owned by the host
 }
 
 // listenARP opens the responder on ifi for vips and starts answering.
-func listenARP(ifi *net.Interface, vips vipSet, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *arpStats) (*arpResponder, error) {
+func listenARP(ifi *net.Interface, vips vipSet, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *replyStats) (*arpResponder, error) {
 	conn, err := packet.Listen(ifi, packet.Raw, etherTypeARP, nil)
 	if err != nil {
 		return nil, fmt.Errorf("open arp socket on %s: %w", ifi.Name, err)
 	}
-	a := &arpResponder{conn: conn, ifindex: ifi.Index, ownMAC: ownMAC, limit: limit, stats: stats, done: make(chan struct{})}
-	a.vips.Store(&vipSet{})
+	a := &arpResponder{responder: newResponder(arpProtocol, conn, ownMAC, limit, stats)}
 	if err := a.setVIPs(vips); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("%s: %w", ifi.Name, err)
 	}
-	go func() {
-		defer close(a.done)
-		a.err = a.serve()
-	}()
+	a.start()
 	return a, nil
 }
 
@@ -107,53 +79,4 @@ func (a *arpResponder) setVIPs(set vipSet) error {
 	a.joined = joined
 	a.vips.Store(&set)
 	return errors.Join(errs...)
-}
-
-// serve answers requests until the socket fails or is closed (nil).
-func (a *arpResponder) serve() error {
-	buf := make([]byte, 1600)
-	for {
-		n, _, err := a.conn.ReadFrom(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("read arp: %w", err)
-		}
-		set := a.vips.Load()
-		reply, v := arpReply(buf[:n], a.ownMAC(), set.vips, set.mode)
-		if v == arpReplied {
-			if !a.limit.Allow() {
-				v = arpRateLimited
-			} else if _, err := a.conn.WriteTo(reply, &packet.Addr{HardwareAddr: reply[0:6]}); err != nil {
-				continue // not answered: counted as nothing
-			}
-		}
-		a.stats.n[v].Add(1)
-	}
-}
-
-// announce sends a gratuitous ARP for each IPv4 VIP of vips (the NDP
-// responder announces the IPv6 ones), at its cluster MAC in the
-// responder's mode.
-func (a *arpResponder) announce(vips []netip.Addr) error {
-	var errs []error
-	mode := a.vips.Load().mode
-	for _, vip := range vips {
-		if !vip.Is4() {
-			continue
-		}
-		f := gratuitousARP(a.ownMAC(), vip, mode)
-		if _, err := a.conn.WriteTo(f, &packet.Addr{HardwareAddr: broadcastMAC}); err != nil {
-			errs = append(errs, fmt.Errorf("gratuitous arp for %s: %w", vip, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// close closes the socket (leaving the cluster MACs) and waits for serve.
-func (a *arpResponder) close() error {
-	err := a.conn.Close()
-	<-a.done
-	return err
 }

@@ -50,7 +50,7 @@ func testARPReply(t *testing.T, mode rules.MACMode) {
 	frame := ethernetFrame(broadcastMAC, client, req)
 
 	reply, v := arpReply(frame, own, vips, mode)
-	if v != arpReplied {
+	if v != replied {
 		t.Fatalf("verdict %d, want replied", v)
 	}
 	if !bytes.Equal(reply[0:6], client) {
@@ -71,11 +71,11 @@ func testARPReply(t *testing.T, mode rules.MACMode) {
 	}
 
 	other, _ := arp.NewPacket(arp.OperationRequest, client, netip.MustParseAddr("198.18.7.1"), net.HardwareAddr{0, 0, 0, 0, 0, 0}, netip.MustParseAddr("198.18.7.11"))
-	if _, v := arpReply(ethernetFrame(broadcastMAC, client, other), own, vips, mode); v != arpNotForVIP {
+	if _, v := arpReply(ethernetFrame(broadcastMAC, client, other), own, vips, mode); v != notForVIP {
 		t.Errorf("request for a node address: verdict %d, want not-for-vip", v)
 	}
 	for name, f := range map[string][]byte{"empty": nil, "short": frame[:20], "not arp": append(append([]byte{}, frame[:12]...), 0x08, 0x00, 1, 2, 3)} {
-		if _, v := arpReply(f, own, vips, mode); v != arpMalformed {
+		if _, v := arpReply(f, own, vips, mode); v != malformed {
 			t.Errorf("%s frame: verdict %d, want malformed", name, v)
 		}
 	}
@@ -110,7 +110,7 @@ func FuzzARPReply(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		reply, v := arpReply(b, own, vips, rules.MACMulticast)
-		if (v == arpReplied) != (reply != nil) {
+		if (v == replied) != (reply != nil) {
 			t.Fatalf("verdict %d with reply %x", v, reply)
 		}
 	})
@@ -130,17 +130,17 @@ func TestARPReplySender(t *testing.T) {
 		name string
 		mac  net.HardwareAddr
 		ip   netip.Addr
-		want arpVerdict
+		want replyVerdict
 	}{
-		{"unicast host", unicast, asker, arpReplied},
-		{"multicast mac", ClusterMAC(vip, rules.MACMulticast), asker, arpBadSender},
-		{"broadcast mac", broadcastMAC, asker, arpBadSender},
-		{"zero mac", net.HardwareAddr{0, 0, 0, 0, 0, 0}, asker, arpBadSender},
-		{"probe (sender 0.0.0.0)", unicast, netip.IPv4Unspecified(), arpBadSender},
-		{"sender claims the vip", unicast, vip, arpBadSender},
-		{"multicast ip", unicast, netip.MustParseAddr("224.0.0.1"), arpBadSender},
-		{"broadcast ip", unicast, netip.MustParseAddr("255.255.255.255"), arpBadSender},
-		{"loopback ip", unicast, netip.MustParseAddr("127.0.0.1"), arpBadSender},
+		{"unicast host", unicast, asker, replied},
+		{"multicast mac", ClusterMAC(vip, rules.MACMulticast), asker, badSender},
+		{"broadcast mac", broadcastMAC, asker, badSender},
+		{"zero mac", net.HardwareAddr{0, 0, 0, 0, 0, 0}, asker, badSender},
+		{"probe (sender 0.0.0.0)", unicast, netip.IPv4Unspecified(), badSender},
+		{"sender claims the vip", unicast, vip, badSender},
+		{"multicast ip", unicast, netip.MustParseAddr("224.0.0.1"), badSender},
+		{"broadcast ip", unicast, netip.MustParseAddr("255.255.255.255"), badSender},
+		{"loopback ip", unicast, netip.MustParseAddr("127.0.0.1"), badSender},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -149,12 +149,12 @@ func TestARPReplySender(t *testing.T) {
 				t.Fatal(err)
 			}
 			reply, v := arpReply(ethernetFrame(broadcastMAC, unicast, req), own, vips, rules.MACMulticast)
-			if v != tc.want || (reply != nil) != (tc.want == arpReplied) {
+			if v != tc.want || (reply != nil) != (tc.want == replied) {
 				t.Errorf("verdict %s (reply %v), want %s", v, reply != nil, tc.want)
 			}
 		})
 	}
-	if _, v := arpReply(gratuitousARP(own, vip, rules.MACMulticast), own, vips, rules.MACMulticast); v != arpBadSender {
+	if _, v := arpReply(gratuitousARP(own, vip, rules.MACMulticast), own, vips, rules.MACMulticast); v != badSender {
 		t.Errorf("another node's gratuitous arp: verdict %s, want bad_sender", v)
 	}
 }

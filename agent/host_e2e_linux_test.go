@@ -191,7 +191,7 @@ func TestE2ELinkFlapUnderLoad(t *testing.T) {
 	defer cancel()
 	before := map[string]uint64{}
 	for _, h := range l.Nodes {
-		before[h.Name] = arpReplied(t, l, h.Name)
+		before[h.Name] = replied(t, l, h.Name)
 	}
 	type loaded struct {
 		r   load.Result
@@ -250,14 +250,14 @@ func TestE2ELinkFlapUnderLoad(t *testing.T) {
 	}
 	loadRun(t, l, lab.LoadArgs{Duration: 200 * time.Millisecond, Concurrency: 1, Timeout: 3 * time.Second})
 	for _, h := range l.Nodes {
-		if got := arpReplied(t, l, h.Name); got <= before[h.Name] {
+		if got := replied(t, l, h.Name); got <= before[h.Name] {
 			t.Errorf("%s answered no ARP after its link flapped (replied %d, %d before)", h.Name, got, before[h.Name])
 		}
 	}
 }
 
-// arpReplied returns how many ARP requests a node's agent has answered.
-func arpReplied(t *testing.T, l *lab.Lab, name string) uint64 {
+// replied returns how many ARP requests a node's agent has answered.
+func replied(t *testing.T, l *lab.Lab, name string) uint64 {
 	t.Helper()
 	var p struct {
 		ARP map[string]uint64 `json:"arp"`

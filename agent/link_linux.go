@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -181,31 +182,37 @@ func (h *host) run(ctx context.Context, changed func()) {
 		case <-h.announceCh:
 			h.announceAll()
 		case <-arpDone:
-			h.log.Warn("arp responder failed; reopening it", "err", h.arp.err)
+			again := h.responderFailed(h.arp.responder, &h.arpRestart, &h.arpFailed)
 			h.arp.close()
 			h.arp = nil
-			h.arpRestart.Add(1)
-			if time.Since(h.arpFailed) < arpReopenPause {
-				h.arpFailed = time.Now()
+			if again {
 				h.publish()
 				continue // again at once: wait for the next check
 			}
-			h.arpFailed = time.Now()
 		case <-ndpDone:
-			h.log.Warn("ndp responder failed; reopening it", "err", h.ndp.err)
+			again := h.responderFailed(h.ndp.responder, &h.ndpRestart, &h.ndpFailed)
 			h.ndp.close()
 			h.ndp = nil
-			h.ndpRestart.Add(1)
-			if time.Since(h.ndpFailed) < arpReopenPause {
-				h.ndpFailed = time.Now()
+			if again {
 				h.publish()
 				continue // again at once: wait for the next check
 			}
-			h.ndpFailed = time.Now()
 		case <-tick.C:
 		}
 		h.sync(changed)
 	}
+}
+
+// responderFailed logs and counts a responder whose serve returned (it is
+// reopened at the next sync), and reports whether it failed again within
+// arpReopenPause of its last failure: then the reopening waits for the
+// next check rather than spinning on a broken socket.
+func (h *host) responderFailed(r *responder, restarts *atomic.Uint64, failed *time.Time) (again bool) {
+	h.log.Warn(r.proto.name+" responder failed; reopening it", "err", r.err)
+	restarts.Add(1)
+	again = time.Since(*failed) < arpReopenPause
+	*failed = time.Now()
+	return again
 }
 
 // subscribe subscribes to link events; end cancels the subscription and

@@ -31,68 +31,38 @@ var (
 	allNodesMAC = net.HardwareAddr{0x33, 0x33, 0, 0, 0, 1}
 )
 
-// ndpVerdict says what the responder did with a frame, so tests and
-// counters can tell the cases apart.
-type ndpVerdict uint8
-
-const (
-	ndpReplied     ndpVerdict = iota // a solicitation for a VIP, answered
-	ndpNotForVIP                     // valid, not a solicitation for a VIP
-	ndpMalformed                     // not a parseable, valid Ethernet+IPv6+NS frame
-	ndpBadSender                     // asks for a VIP, but from a sender no reply may go to
-	ndpRateLimited                   // would be answered, but over the reply rate
-	numNDPVerdicts
-)
-
-// String names the verdict as the counters do (as ARP's).
-func (v ndpVerdict) String() string {
-	switch v {
-	case ndpReplied:
-		return "replied"
-	case ndpNotForVIP:
-		return "ignored"
-	case ndpMalformed:
-		return "malformed"
-	case ndpBadSender:
-		return "bad_sender"
-	case ndpRateLimited:
-		return "rate_limited"
-	}
-	return "unknown"
-}
-
 // ndpReply answers a Neighbor Solicitation for one of vips. The
 // advertisement comes from the VIP itself (an address of this host, on lo),
 // is solicited, and overrides: every node answers alike, and a client that
 // cached another MAC for the VIP must take the cluster MAC.
-func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) ([]byte, ndpVerdict) {
+func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) ([]byte, replyVerdict) {
 	if len(frame) < ethHeaderLen+ipv6HeaderLen || binary.BigEndian.Uint16(frame[12:14]) != etherTypeIPv6 {
-		return nil, ndpMalformed
+		return nil, malformed
 	}
 	ip := frame[ethHeaderLen:]
 	plen := int(binary.BigEndian.Uint16(ip[4:6]))
 	if ip[0]>>4 != 6 || ipv6HeaderLen+plen > len(ip) {
-		return nil, ndpMalformed
+		return nil, malformed
 	}
 	if ip[6] != protoICMPv6 {
-		return nil, ndpNotForVIP // NDP carries no extension headers
+		return nil, notForVIP // NDP carries no extension headers
 	}
 	body := ip[ipv6HeaderLen : ipv6HeaderLen+plen]
 	if len(body) < 4 || ipv6.ICMPType(body[0]) != ipv6.ICMPTypeNeighborSolicitation {
-		return nil, ndpNotForVIP
+		return nil, notForVIP
 	}
 	src := netip.AddrFrom16([16]byte(ip[8:24]))
 	dst := netip.AddrFrom16([16]byte(ip[24:40]))
 	if ip[7] != ndpHopLimit || body[1] != 0 || !icmpv6ChecksumOK(src, dst, body) {
-		return nil, ndpMalformed
+		return nil, malformed
 	}
 	m, err := ndp.ParseMessage(body)
 	if err != nil {
-		return nil, ndpMalformed
+		return nil, malformed
 	}
 	ns, ok := m.(*ndp.NeighborSolicitation)
 	if !ok || !isVIP(ns.TargetAddress, vips) {
-		return nil, ndpNotForVIP
+		return nil, notForVIP
 	}
 	// The reply goes to the source link-layer address the asker gave, else
 	// to the frame's sender.
@@ -103,7 +73,7 @@ func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rul
 		}
 	}
 	if !saneNDPSender(mac, src, vips) || !saneNDPSender(frame[6:12], src, vips) {
-		return nil, ndpBadSender
+		return nil, badSender
 	}
 	na := &ndp.NeighborAdvertisement{
 		Solicited: true, Override: true, TargetAddress: ns.TargetAddress,
@@ -111,9 +81,9 @@ func ndpReply(frame []byte, ownMAC net.HardwareAddr, vips []netip.Addr, mode rul
 	}
 	f, err := ipv6Frame(mac, ownMAC, ns.TargetAddress, src, na)
 	if err != nil {
-		return nil, ndpMalformed
+		return nil, malformed
 	}
-	return f, ndpReplied
+	return f, replied
 }
 
 // unsolicitedNA announces vip at the cluster MAC to every node of the link

@@ -6,26 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"sync/atomic"
 
 	"github.com/mdlayher/packet"
 	"golang.org/x/net/bpf"
 	"golang.org/x/net/ipv6"
 	"golang.org/x/time/rate"
 )
-
-// ndpStats counts the NDP responder's verdicts; it outlives the sockets.
-type ndpStats struct {
-	n [numNDPVerdicts]atomic.Uint64
-}
-
-func (s *ndpStats) counters() map[string]uint64 {
-	m := make(map[string]uint64, numNDPVerdicts)
-	for v := range numNDPVerdicts {
-		m[v.String()] = s.n[v].Load()
-	}
-	return m
-}
 
 // nsFilter passes only ICMPv6 Neighbor Solicitations without extension
 // headers to the responder's socket, so the node's IPv6 traffic is not
@@ -55,35 +41,25 @@ var nsFilter = func() []bpf.RawInstruction {
 // snooping switch forwards the solicitations), which ends with the agent,
 // however it ends.
 type ndpResponder struct {
-	conn   *packet.Conn
+	*responder
 	ifi    *net.Interface
-	ownMAC func() net.HardwareAddr
-	limit  *rate.Limiter
-	stats  *ndpStats
-	vips   atomic.Pointer[vipSet] // its IPv6 VIPs and the MAC mode
-	groups *ipv6.PacketConn       // nil until an IPv6 VIP needs a group; owned by the host
-	joined []netip.Addr           // solicited-node groups joined; owned by the host
-
-	done chan struct{} // closed when serve returns
-	err  error         // why serve returned; read after done
+	groups *ipv6.PacketConn // nil until an IPv6 VIP needs a group; owned by the host
+	joined []netip.Addr     // solicited-node groups joined; owned by the host
 }
 
 // listenNDP opens the responder on ifi for vips and starts answering.
-func listenNDP(ifi *net.Interface, vips vipSet, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *ndpStats) (*ndpResponder, error) {
+func listenNDP(ifi *net.Interface, vips vipSet, ownMAC func() net.HardwareAddr, limit *rate.Limiter, stats *replyStats) (*ndpResponder, error) {
 	conn, err := packet.Listen(ifi, packet.Raw, etherTypeIPv6, &packet.Config{Filter: nsFilter})
 	if err != nil {
 		return nil, fmt.Errorf("open ndp socket on %s: %w", ifi.Name, err)
 	}
-	n := &ndpResponder{conn: conn, ifi: ifi, ownMAC: ownMAC, limit: limit, stats: stats, done: make(chan struct{})}
-	n.vips.Store(&vipSet{})
+	n := &ndpResponder{responder: newResponder(ndpProtocol, conn, ownMAC, limit, stats), ifi: ifi}
 	if err := n.setVIPs(vips); err != nil {
-		n.closeSockets()
+		n.closeGroups()
+		conn.Close()
 		return nil, fmt.Errorf("%s: %w", ifi.Name, err)
 	}
-	go func() {
-		defer close(n.done)
-		n.err = n.serve()
-	}()
+	n.start()
 	return n, nil
 }
 
@@ -145,58 +121,15 @@ func (n *ndpResponder) groupMACs() []string {
 	return macs
 }
 
-// serve answers solicitations until the socket fails or is closed (nil).
-func (n *ndpResponder) serve() error {
-	buf := make([]byte, 1600)
-	for {
-		k, _, err := n.conn.ReadFrom(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("read ndp: %w", err)
-		}
-		set := n.vips.Load()
-		reply, v := ndpReply(buf[:k], n.ownMAC(), set.vips, set.mode)
-		if v == ndpReplied {
-			if !n.limit.Allow() {
-				v = ndpRateLimited
-			} else if _, err := n.conn.WriteTo(reply, &packet.Addr{HardwareAddr: reply[0:6]}); err != nil {
-				continue // not answered: counted as nothing
-			}
-		}
-		n.stats.n[v].Add(1)
-	}
-}
-
-// announce sends an unsolicited Neighbor Advertisement for each IPv6 VIP
-// of vips, at its cluster MAC in the responder's mode.
-func (n *ndpResponder) announce(vips []netip.Addr) error {
-	var errs []error
-	mode := n.vips.Load().mode
-	for _, vip := range vips {
-		if !vip.Is6() || vip.Is4In6() {
-			continue
-		}
-		f := unsolicitedNA(n.ownMAC(), vip, mode)
-		if _, err := n.conn.WriteTo(f, &packet.Addr{HardwareAddr: allNodesMAC}); err != nil {
-			errs = append(errs, fmt.Errorf("unsolicited neighbor advertisement for %s: %w", vip, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (n *ndpResponder) closeSockets() error {
-	err := n.conn.Close()
+// closeGroups closes the groups' socket, which leaves them.
+func (n *ndpResponder) closeGroups() {
 	if n.groups != nil {
-		n.groups.Close() // leaves the groups
+		n.groups.Close()
 	}
-	return err
 }
 
 // close closes the sockets (leaving the groups) and waits for serve.
 func (n *ndpResponder) close() error {
-	err := n.closeSockets()
-	<-n.done
-	return err
+	n.closeGroups()
+	return n.responder.close()
 }

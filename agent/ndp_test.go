@@ -85,19 +85,19 @@ func TestNDPReply(t *testing.T) {
 	tests := []struct {
 		name    string
 		frame   []byte
-		want    ndpVerdict
+		want    replyVerdict
 		replyTo net.HardwareAddr
 	}{
-		{"multicast solicitation", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, ndpClient), ndpReplied, ndpClient},
-		{"reply to the source link-layer address", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, other), ndpReplied, other},
-		{"unicast probe without the option", solicitation(t, ndpClient, ndpAsker, ndpVIP, ndpVIP, nil), ndpReplied, ndpClient},
-		{"link-local asker", solicitation(t, ndpClient, netip.MustParseAddr("fe80::1"), snm, ndpVIP, ndpClient), ndpReplied, ndpClient},
-		{"not a vip", solicitation(t, ndpClient, ndpAsker, solicitedNode(ndpAsker), netip.MustParseAddr("2001:db8:0:7::11"), ndpClient), ndpNotForVIP, nil},
-		{"duplicate address detection", solicitation(t, ndpClient, netip.IPv6Unspecified(), snm, ndpVIP, nil), ndpBadSender, nil},
-		{"asker claims the vip", solicitation(t, ndpClient, ndpVIP, snm, ndpVIP, ndpClient), ndpBadSender, nil},
-		{"multicast source link-layer address", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, ClusterMAC(ndpVIP, rules.MACMulticast)), ndpBadSender, nil},
-		{"multicast ethernet source", solicitation(t, ClusterMAC(ndpVIP, rules.MACMulticast), ndpAsker, snm, ndpVIP, ndpClient), ndpBadSender, nil},
-		{"another node's advertisement", unsolicitedNA(ndpOwn, ndpVIP, rules.MACMulticast), ndpNotForVIP, nil},
+		{"multicast solicitation", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, ndpClient), replied, ndpClient},
+		{"reply to the source link-layer address", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, other), replied, other},
+		{"unicast probe without the option", solicitation(t, ndpClient, ndpAsker, ndpVIP, ndpVIP, nil), replied, ndpClient},
+		{"link-local asker", solicitation(t, ndpClient, netip.MustParseAddr("fe80::1"), snm, ndpVIP, ndpClient), replied, ndpClient},
+		{"not a vip", solicitation(t, ndpClient, ndpAsker, solicitedNode(ndpAsker), netip.MustParseAddr("2001:db8:0:7::11"), ndpClient), notForVIP, nil},
+		{"duplicate address detection", solicitation(t, ndpClient, netip.IPv6Unspecified(), snm, ndpVIP, nil), badSender, nil},
+		{"asker claims the vip", solicitation(t, ndpClient, ndpVIP, snm, ndpVIP, ndpClient), badSender, nil},
+		{"multicast source link-layer address", solicitation(t, ndpClient, ndpAsker, snm, ndpVIP, ClusterMAC(ndpVIP, rules.MACMulticast)), badSender, nil},
+		{"multicast ethernet source", solicitation(t, ClusterMAC(ndpVIP, rules.MACMulticast), ndpAsker, snm, ndpVIP, ndpClient), badSender, nil},
+		{"another node's advertisement", unsolicitedNA(ndpOwn, ndpVIP, rules.MACMulticast), notForVIP, nil},
 	}
 	for _, tc := range tests {
 		for _, mode := range macModes {
@@ -108,9 +108,9 @@ func TestNDPReply(t *testing.T) {
 
 // testNDPReply checks ndpReply's verdict on frame in mode and, for a
 // reply, its framing and the cluster MAC it advertises.
-func testNDPReply(t *testing.T, frame []byte, want ndpVerdict, replyTo net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) {
+func testNDPReply(t *testing.T, frame []byte, want replyVerdict, replyTo net.HardwareAddr, vips []netip.Addr, mode rules.MACMode) {
 	reply, v := ndpReply(frame, ndpOwn, vips, mode)
-	if v != want || (reply != nil) != (want == ndpReplied) {
+	if v != want || (reply != nil) != (want == replied) {
 		t.Fatalf("verdict %s (reply %v), want %s", v, reply != nil, want)
 	}
 	if reply == nil {
@@ -152,11 +152,11 @@ func TestNDPReplyMalformed(t *testing.T) {
 		}),
 	}
 	for name, f := range tests {
-		if _, v := ndpReply(f, ndpOwn, vips, rules.MACMulticast); v != ndpMalformed {
+		if _, v := ndpReply(f, ndpOwn, vips, rules.MACMulticast); v != malformed {
 			t.Errorf("%s: verdict %s, want malformed", name, v)
 		}
 	}
-	if _, v := ndpReply(good, ndpOwn, vips, rules.MACMulticast); v != ndpReplied {
+	if _, v := ndpReply(good, ndpOwn, vips, rules.MACMulticast); v != replied {
 		t.Errorf("the unmodified frame: verdict %s", v)
 	}
 }
@@ -182,7 +182,7 @@ func FuzzNDPReply(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		reply, v := ndpReply(b, ndpOwn, vips, rules.MACMulticast)
-		if (v == ndpReplied) != (reply != nil) {
+		if (v == replied) != (reply != nil) {
 			t.Fatalf("verdict %s with reply %x", v, reply)
 		}
 	})

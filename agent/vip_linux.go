@@ -62,12 +62,12 @@ type host struct {
 	groups     *groupMember     // the igmp mode's group memberships
 	foreign    []netip.Addr     // VIPs found on lo that are not the agent's
 	arp        *arpResponder    // nil while it is down
-	arpStats   *arpStats        // outlives the responders
+	arpStats   *replyStats      // outlives the responders
 	arpLimit   *rate.Limiter    // shared by the responders
 	arpRestart atomic.Uint64    // responders reopened after a failure
 	arpFailed  time.Time        // when a responder last failed
 	ndp        *ndpResponder    // nil while it is down
-	ndpStats   *ndpStats        // outlives the responders
+	ndpStats   *replyStats      // outlives the responders
 	ndpLimit   *rate.Limiter    // shared by the responders
 	ndpRestart atomic.Uint64    // responders reopened after a failure
 	ndpFailed  time.Time        // when a responder last failed
@@ -101,8 +101,8 @@ func setupHost(cfg hostConfig) (h *host, err error) {
 	log := cmp.Or(cfg.Log, slog.Default())
 	h = &host{
 		ifname: cfg.Interface, log: log, rec: rec,
-		arpStats: &arpStats{}, arpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
-		ndpStats: &ndpStats{}, ndpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
+		arpStats: &replyStats{}, arpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
+		ndpStats: &replyStats{}, ndpLimit: rate.NewLimiter(arpReplyRate, arpReplyBurst),
 		lastErr: map[string]error{}, vipsCh: make(chan vipSet, 1), announceCh: make(chan struct{}, 1),
 		cancel: func() {}, done: make(chan struct{}),
 	}
