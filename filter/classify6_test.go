@@ -95,11 +95,7 @@ func TestClassifyIPv6(t *testing.T) {
 		}
 		return es
 	}
-	tests := []struct {
-		name  string
-		frame []byte
-		want  Result
-	}{
+	testClassify(t, c, []classifyCase{
 		{"tcp, all-vip rule, key /128 and port", tcp6(refVIP6, 40000, 443).build(), owned(1, AffinityNone, refClient6, 40000)},
 		{"tcp, vip rule, key /128", tcp6(refVIP6, 40000, 80).build(), owned(2, AffinitySingle, refClient6, 0)},
 		{"vlan", with(tcp6(refVIP6, 40000, 80), func(p *pkt6) { p.vlan = true }), owned(2, AffinitySingle, refClient6, 0)},
@@ -159,15 +155,7 @@ func TestClassifyIPv6(t *testing.T) {
 		{"later udp fragment, first unseen: rule for udp port 0 (none: default)",
 			(&pkt6{src: refClient6, dst: refVIP6, proto: layers.IPProtocolUDP, exts: []ext6{{nh: nhFragment, fragOff: 100, id: 6}}}).build(),
 			owned(DefaultRule, AffinitySingle, refClient6, 0)},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := NewClassifier(allIn(c, Owned), nodeMAC, nil).Classify(tt.frame)
-			if diff := cmp.Diff(tt.want, got); diff != "" {
-				t.Errorf("Classify (-want +got):\n%s", diff)
-			}
-		})
-	}
+	})
 }
 
 // TestFragmentsIPv6 follows a fragmented IPv6 datagram: its first fragment
@@ -211,19 +199,7 @@ func TestFragmentsIPv6(t *testing.T) {
 
 func TestLocateIPv6(t *testing.T) {
 	c := refConfig6()
-	tb := allIn(c, Owned)
-	for _, tt := range []struct {
-		vip   netip.Addr
-		proto layers.IPProtocol
-		port  uint16
-	}{{refVIP6, layers.IPProtocolTCP, 80}, {refVIP6, layers.IPProtocolTCP, 443}, {refVIP6b, layers.IPProtocolUDP, 53}, {refVIP6b, layers.IPProtocolUDP, 54}} {
-		frame := (pkt6{src: refClient6, sport: 31337, dst: tt.vip, dport: tt.port, proto: tt.proto}).build()
-		res := NewClassifier(tb, nodeMAC, nil).Classify(frame)
-		id, b, ok := c.Locate(tt.vip, protoOf(tt.proto), refClient6, 31337, tt.port)
-		if !ok || id != res.Rule || b != res.Bucket {
-			t.Errorf("Locate(%v, %v, %d) = %d, %d, %v; Classify says rule %d bucket %d", tt.vip, tt.proto, tt.port, id, b, ok, res.Rule, res.Bucket)
-		}
-	}
+	testLocate(t, c, refClient6, []locateFlow{{refVIP6, layers.IPProtocolTCP, 80}, {refVIP6, layers.IPProtocolTCP, 443}, {refVIP6b, layers.IPProtocolUDP, 53}, {refVIP6b, layers.IPProtocolUDP, 54}})
 	if _, _, ok := c.Locate(refVIP6, ProtoTCP, refClient, 1, 80); ok {
 		t.Error("Locate of an IPv4 client on an IPv6 VIP: ok")
 	}

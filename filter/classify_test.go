@@ -72,50 +72,30 @@ func TestClassifyRulesAndKeys(t *testing.T) {
 	gre := pkt{src: refClient, dst: refVIP, proto: layers.IPProtocol(47), payload: make([]byte, 8)}
 	b := func(aff Affinity, ip uint32, port uint16) uint16 { return Bucket(c.Seed, aff, ip, port) }
 
-	tests := []struct {
-		name string
-		p    pkt
-		want Result
-	}{
-		{"tcp to the all-vip rule", tcp(refVIP, 443), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
-		{"vip rule beats all-vip rule", tcp(refVIP, 80), Result{Verdict: Accept, Rule: 2, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"other vip keeps the all-vip rule", tcp(refVIP2, 80), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
-		{"vlan tag", withVLAN, Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
-		{"ip and tcp options", withOpts, Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
-		{"udp uncovered port: default rule", pkt{src: refClient, sport: 1, dst: refVIP, dport: 123, proto: layers.IPProtocolUDP},
+	testClassify(t, c, []classifyCase{
+		{"tcp to the all-vip rule", tcp(refVIP, 443).build(), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
+		{"vip rule beats all-vip rule", tcp(refVIP, 80).build(), Result{Verdict: Accept, Rule: 2, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"other vip keeps the all-vip rule", tcp(refVIP2, 80).build(), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
+		{"vlan tag", withVLAN.build(), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
+		{"ip and tcp options", withOpts.build(), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 40000), State: Owned}},
+		{"udp uncovered port: default rule", pkt{src: refClient, sport: 1, dst: refVIP, dport: 123, proto: layers.IPProtocolUDP}.build(),
 			Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"network affinity", pkt{src: refClient, sport: 1, dst: refVIP2, dport: 53, proto: layers.IPProtocolUDP},
+		{"network affinity", pkt{src: refClient, sport: 1, dst: refVIP2, dport: 53, proto: layers.IPProtocolUDP}.build(),
 			Result{Verdict: Accept, Rule: 3, Bucket: b(AffinityNetwork, cl, 0), State: Owned}},
-		{"first fragment: judged by its ports", firstFrag, Result{Verdict: Accept, Rule: 2, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"later udp fragment: default rule", laterFrag, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"icmp fragment", icmpFrag, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"echo request", echo, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"frag needed about a tcp flow", fragNeeded, Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 5555), State: Owned}},
-		{"time exceeded about a udp flow", aboutUDP, Result{Verdict: Accept, Rule: 3, Bucket: b(AffinityNetwork, cl, 0), State: Owned}},
-		{"error about a later fragment", aboutLaterFrag, Result{Verdict: Accept, Rule: 1, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"error about an echo reply", aboutEcho, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"error not about a vip flow", aboutOther, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, u32(netip.MustParseAddr("198.18.9.1")), 0), State: Owned}},
-		{"other protocol", gre, Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
-		{"disabled rule", pkt{src: refClient, sport: 1, dst: refVIP, dport: 9, proto: layers.IPProtocolUDP},
+		{"first fragment: judged by its ports", firstFrag.build(), Result{Verdict: Accept, Rule: 2, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"later udp fragment: default rule", laterFrag.build(), Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"icmp fragment", icmpFrag.build(), Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"echo request", echo.build(), Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"frag needed about a tcp flow", fragNeeded.build(), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinityNone, cl, 5555), State: Owned}},
+		{"time exceeded about a udp flow", aboutUDP.build(), Result{Verdict: Accept, Rule: 3, Bucket: b(AffinityNetwork, cl, 0), State: Owned}},
+		{"error about a later fragment", aboutLaterFrag.build(), Result{Verdict: Accept, Rule: 1, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"error about an echo reply", aboutEcho.build(), Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"error not about a vip flow", aboutOther.build(), Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, u32(netip.MustParseAddr("198.18.9.1")), 0), State: Owned}},
+		{"other protocol", gre.build(), Result{Verdict: Accept, Rule: DefaultRule, Bucket: b(AffinitySingle, cl, 0), State: Owned}},
+		{"disabled rule", pkt{src: refClient, sport: 1, dst: refVIP, dport: 9, proto: layers.IPProtocolUDP}.build(),
 			Result{Verdict: Drop, Reason: DropDisabled, Rule: 4, Bucket: b(AffinityNone, cl, 1), State: Owned}},
-		{"not a vip", tcp(netip.MustParseAddr("198.18.0.3"), 80), Result{Verdict: Pass}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			frame := tt.p.build()
-			got := NewClassifier(allIn(c, Owned), nodeMAC, nil).Classify(frame)
-			if diff := cmp.Diff(tt.want, got); diff != "" {
-				t.Errorf("Classify (-want +got):\n%s", diff)
-			}
-			wantDst := clusterMAC
-			if tt.want.Verdict == Accept {
-				wantDst = nodeMAC
-			}
-			if !bytes.Equal(frame[:6], wantDst) {
-				t.Errorf("destination mac %x, want %x", frame[:6], wantDst)
-			}
-		})
-	}
+		{"not a vip", tcp(netip.MustParseAddr("198.18.0.3"), 80).build(), Result{Verdict: Pass}},
+	})
 }
 
 func TestClassifyPassAndMalformed(t *testing.T) {
@@ -129,11 +109,7 @@ func TestClassifyPassAndMalformed(t *testing.T) {
 	badQuote := pkt{src: refClient, dst: refVIP, proto: layers.IPProtocolICMPv4, icmpType: 3,
 		inner: embedded(pkt{src: refVIP, sport: 443, dst: refClient, dport: 5555, proto: layers.IPProtocolTCP})[:22]}
 	malformed := Result{Verdict: Drop, Reason: DropMalformed, Rule: DefaultRule}
-	tests := []struct {
-		name  string
-		frame []byte
-		want  Result
-	}{
+	testClassify(t, c, []classifyCase{
 		{"runt", good[:13], Result{Verdict: Pass}},
 		{"ipv4 header cut before the addresses", good[:14+19], Result{Verdict: Pass}},
 		{"two vlan tags", doubleTag, Result{Verdict: Pass}},
@@ -151,12 +127,34 @@ func TestClassifyPassAndMalformed(t *testing.T) {
 		{"icmp error without the ports", badQuote.build(), malformed},
 		{"ethernet padding is fine", set(func(b []byte) []byte { return append(b, 0, 0, 0, 0) }),
 			Result{Verdict: Accept, Rule: 1, Bucket: Bucket(c.Seed, AffinityNone, u32(refClient), 40000), State: Owned}},
-	}
-	for _, tt := range tests {
+	})
+}
+
+// classifyCase is a frame and what Classify must make of it.
+type classifyCase struct {
+	name  string
+	frame []byte
+	want  Result
+}
+
+// testClassify classifies each case's frame with the rules of c and
+// every bucket owned. An accepted frame must leave with the node's MAC as
+// destination, any other with the cluster MAC it came with.
+func testClassify(t *testing.T, c *Config, cases []classifyCase) {
+	t.Helper()
+	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
-			got := NewClassifier(allIn(c, Owned), nodeMAC, nil).Classify(tt.frame)
+			frame := append([]byte(nil), tt.frame...)
+			got := NewClassifier(allIn(c, Owned), nodeMAC, nil).Classify(frame)
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("Classify (-want +got):\n%s", diff)
+			}
+			wantDst := clusterMAC
+			if tt.want.Verdict == Accept {
+				wantDst = nodeMAC
+			}
+			if len(frame) >= 6 && !bytes.Equal(frame[:6], wantDst) {
+				t.Errorf("destination mac %x, want %x", frame[:6], wantDst)
 			}
 		})
 	}
@@ -211,21 +209,37 @@ func TestClassifyStates(t *testing.T) {
 
 func TestLocate(t *testing.T) {
 	c := refConfig()
-	tb := allIn(c, Owned)
-	for _, tt := range []struct {
-		vip   netip.Addr
-		proto layers.IPProtocol
-		port  uint16
-	}{{refVIP, layers.IPProtocolTCP, 80}, {refVIP, layers.IPProtocolTCP, 443}, {refVIP2, layers.IPProtocolUDP, 53}, {refVIP2, layers.IPProtocolUDP, 54}} {
-		frame := (&pkt{src: refClient, sport: 31337, dst: tt.vip, dport: tt.port, proto: tt.proto}).build()
-		res := NewClassifier(tb, nodeMAC, nil).Classify(frame)
-		id, b, ok := c.Locate(tt.vip, protoOf(tt.proto), refClient, 31337, tt.port)
-		if !ok || id != res.Rule || b != res.Bucket {
-			t.Errorf("Locate(%v, %v, %d) = %d, %d, %v; Classify says rule %d bucket %d", tt.vip, tt.proto, tt.port, id, b, ok, res.Rule, res.Bucket)
-		}
-	}
+	testLocate(t, c, refClient, []locateFlow{{refVIP, layers.IPProtocolTCP, 80}, {refVIP, layers.IPProtocolTCP, 443}, {refVIP2, layers.IPProtocolUDP, 53}, {refVIP2, layers.IPProtocolUDP, 54}})
 	if _, _, ok := c.Locate(netip.MustParseAddr("198.18.0.3"), ProtoTCP, refClient, 1, 80); ok {
 		t.Error("Locate of a non-VIP: ok")
+	}
+}
+
+// locateFlow is a flow's VIP, protocol and port, for testLocate.
+type locateFlow struct {
+	vip   netip.Addr
+	proto layers.IPProtocol
+	port  uint16
+}
+
+// testLocate checks that Locate names the rule and bucket Classify judges
+// a packet by, from client port 31337 to each flow's VIP and port (an IPv4
+// or IPv6 frame as the VIP is), every bucket owned.
+func testLocate(t *testing.T, c *Config, client netip.Addr, flows []locateFlow) {
+	t.Helper()
+	cl := NewClassifier(allIn(c, Owned), nodeMAC, nil)
+	for _, f := range flows {
+		var frame []byte
+		if f.vip.Is4() {
+			frame = pkt{src: client, sport: 31337, dst: f.vip, dport: f.port, proto: f.proto}.build()
+		} else {
+			frame = pkt6{src: client, sport: 31337, dst: f.vip, dport: f.port, proto: f.proto}.build()
+		}
+		res := cl.Classify(frame)
+		id, b, ok := c.Locate(f.vip, protoOf(f.proto), client, 31337, f.port)
+		if !ok || id != res.Rule || b != res.Bucket {
+			t.Errorf("Locate(%v, %v, %d) = %d, %d, %v; Classify says rule %d bucket %d", f.vip, f.proto, f.port, id, b, ok, res.Rule, res.Bucket)
+		}
 	}
 }
 

@@ -81,14 +81,10 @@ func (p pkt6) chain(rest []byte) (uint8, []byte) {
 
 // transport returns the serialized transport header and payload of p.
 func (p pkt6) transport() []byte {
-	switch p.proto {
-	case layers.IPProtocolTCP:
-		tcp := &layers.TCP{SrcPort: layers.TCPPort(p.sport), DstPort: layers.TCPPort(p.dport), SYN: p.syn, ACK: p.ack, Seq: 1, Window: 512}
-		return serializeNoSum(tcp, gopacket.Payload(p.payload))
-	case layers.IPProtocolUDP:
-		udp := &layers.UDP{SrcPort: layers.UDPPort(p.sport), DstPort: layers.UDPPort(p.dport)}
-		return serializeNoSum(udp, gopacket.Payload(p.payload))
-	case layers.IPProtocolICMPv6:
+	if b := segment(p.proto, p.sport, p.dport, p.syn, p.ack, 1, p.payload); b != nil {
+		return b
+	}
+	if p.proto == layers.IPProtocolICMPv6 {
 		h := []byte{p.icmpType, 0, 0, 0, 0, 0, 0, 0}
 		if p.inner != nil {
 			return append(h, p.inner...)
@@ -264,7 +260,7 @@ func (g *gen) frame6() []byte {
 	}
 	b := p.build()
 	if rng.IntN(10) == 0 {
-		b = g.mangle6(b, p.vlan)
+		b = g.mangle(b, p.vlan, fields6)
 	}
 	return b
 }
@@ -274,32 +270,4 @@ type datagram6 struct {
 	src, dst netip.Addr
 	proto    layers.IPProtocol
 	id       uint32
-}
-
-// mangle6 breaks an IPv6 frame: truncates it or corrupts a header field.
-func (g *gen) mangle6(b []byte, vlan bool) []byte {
-	rng := g.rng
-	ip := 14
-	if vlan {
-		ip = 18
-	}
-	switch rng.IntN(6) {
-	case 0:
-		return b[:14+rng.IntN(len(b)-13)]
-	case 1:
-		b[ip] = byte(rng.IntN(256)) // version and traffic class
-	case 2:
-		binary.BigEndian.PutUint16(b[ip+4:], uint16(rng.IntN(len(b)+20))) // payload length, 0 included
-	case 3:
-		if len(b) > ip+41 {
-			b[ip+41] = byte(rng.IntN(256)) // an extension header's length (if any)
-		}
-	case 4:
-		if len(b) > ip+40+12 {
-			b[ip+40+12] = byte(rng.IntN(256)) // TCP data offset (if TCP right after the header)
-		}
-	case 5:
-		b = append(b, make([]byte, rng.IntN(30))...) // Ethernet padding
-	}
-	return b
 }

@@ -38,7 +38,7 @@ type pkt struct {
 }
 
 // build serializes p into an Ethernet frame to the cluster MAC.
-func (p *pkt) build() []byte {
+func (p pkt) build() []byte {
 	eth := &layers.Ethernet{SrcMAC: clientMAC, DstMAC: clusterMAC, EthernetType: layers.EthernetTypeIPv4}
 	ls := []gopacket.SerializableLayer{eth}
 	if p.vlan {
@@ -84,16 +84,26 @@ func (p *pkt) build() []byte {
 }
 
 // transport returns the serialized transport header and payload of p.
-func (p *pkt) transport(ip *layers.IPv4) []byte {
-	switch p.proto {
-	case layers.IPProtocolTCP:
-		tcp := &layers.TCP{SrcPort: layers.TCPPort(p.sport), DstPort: layers.TCPPort(p.dport), SYN: p.syn, ACK: p.ack, Window: 512}
-		return serializeNoSum(tcp, gopacket.Payload(p.payload))
-	case layers.IPProtocolUDP:
-		udp := &layers.UDP{SrcPort: layers.UDPPort(p.sport), DstPort: layers.UDPPort(p.dport)}
-		return serializeNoSum(udp, gopacket.Payload(p.payload))
+func (p pkt) transport(ip *layers.IPv4) []byte {
+	if b := segment(p.proto, p.sport, p.dport, p.syn, p.ack, 0, p.payload); b != nil {
+		return b
 	}
 	return append([]byte{8, 0, 0, 0, 0, 1, 0, 1}, p.payload...)
+}
+
+// segment serializes a TCP header (flags syn and ack, sequence number
+// seq) or a UDP header, without checksum, and the payload; nil for any
+// other protocol.
+func segment(proto layers.IPProtocol, sport, dport uint16, syn, ack bool, seq uint32, payload []byte) []byte {
+	switch proto {
+	case layers.IPProtocolTCP:
+		tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), SYN: syn, ACK: ack, Seq: seq, Window: 512}
+		return serializeNoSum(tcp, gopacket.Payload(payload))
+	case layers.IPProtocolUDP:
+		udp := &layers.UDP{SrcPort: layers.UDPPort(sport), DstPort: layers.UDPPort(dport)}
+		return serializeNoSum(udp, gopacket.Payload(payload))
+	}
+	return nil
 }
 
 // embedded returns the start of a packet as an ICMP error quotes it: the
@@ -352,13 +362,31 @@ func (g *gen) frame() []byte {
 	}
 	b := p.build()
 	if rng.IntN(10) == 0 {
-		b = g.mangle(b, p.vlan)
+		b = g.mangle(b, p.vlan, fields4)
 	}
 	return b
 }
 
-// mangle breaks a frame: truncates it or corrupts a header field.
-func (g *gen) mangle(b []byte, vlan bool) []byte {
+// ipFields are the header fields mangle corrupts, by offset from the IP
+// header: a 16-bit length and two single bytes.
+type ipFields struct{ length, byte1, byte2 int }
+
+var (
+	fields4 = ipFields{
+		length: 2,       // total length
+		byte1:  20 + 12, // TCP data offset (if TCP)
+		byte2:  20 + 8,  // an embedded IPv4 version and IHL (if ICMP)
+	}
+	fields6 = ipFields{
+		length: 4,       // payload length, 0 included
+		byte1:  40 + 1,  // an extension header's length (if any)
+		byte2:  40 + 12, // TCP data offset (if TCP right after the header)
+	}
+)
+
+// mangle breaks a frame: truncates it, corrupts one of the header fields
+// f of its IP version (or the version byte) or pads it.
+func (g *gen) mangle(b []byte, vlan bool, f ipFields) []byte {
 	rng := g.rng
 	ip := 14
 	if vlan {
@@ -368,16 +396,16 @@ func (g *gen) mangle(b []byte, vlan bool) []byte {
 	case 0:
 		return b[:14+rng.IntN(len(b)-13)] // prog.Run needs a whole Ethernet header
 	case 1:
-		b[ip] = byte(rng.IntN(256)) // version and IHL
+		b[ip] = byte(rng.IntN(256)) // version and IHL (IPv4), version and traffic class (IPv6)
 	case 2:
-		binary.BigEndian.PutUint16(b[ip+2:], uint16(rng.IntN(len(b)+20))) // total length
+		binary.BigEndian.PutUint16(b[ip+f.length:], uint16(rng.IntN(len(b)+20)))
 	case 3:
-		if len(b) > ip+33 {
-			b[ip+32] = byte(rng.IntN(256)) // TCP data offset (if TCP)
+		if len(b) > ip+f.byte1 {
+			b[ip+f.byte1] = byte(rng.IntN(256))
 		}
 	case 4:
-		if len(b) > ip+28 {
-			b[ip+28] = byte(rng.IntN(256)) // an embedded IPv4 version and IHL (if ICMP)
+		if len(b) > ip+f.byte2 {
+			b[ip+f.byte2] = byte(rng.IntN(256))
 		}
 	case 5:
 		b = append(b, make([]byte, rng.IntN(30))...) // Ethernet padding
