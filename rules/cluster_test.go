@@ -728,6 +728,26 @@ func TestSettledTimeouts(t *testing.T) {
 	mustApply(t, next, putRule(2000))
 }
 
+// TestBootstrapElectsAtOnce: a fresh one-node cluster does not wait a
+// heartbeat timeout for its first election (it would take 2-4 s here).
+func TestBootstrapElectsAtOnce(t *testing.T) {
+	n := newTestNode(t, "n1")
+	n.timing = Timing{HeartbeatTimeout: 2 * time.Second, ElectionTimeout: 2 * time.Second,
+		LeaderLeaseTimeout: 200 * time.Millisecond, CommitTimeout: 5 * time.Millisecond}
+	start := time.Now()
+	n.start(true)
+	took := time.Since(start)
+	if !n.store.IsLeader() {
+		t.Fatal("a bootstrapped node is not the leader once Open returns")
+	}
+	if took > time.Second {
+		t.Errorf("bootstrap took %v; want well under the 2 s heartbeat timeout", took)
+	}
+	if rc := n.store.raft.ReloadableConfig(); rc.HeartbeatTimeout != 200*time.Millisecond {
+		t.Errorf("heartbeat timeout %v after bootstrap, want the lease, 200ms", rc.HeartbeatTimeout)
+	}
+}
+
 func TestTimingValidate(t *testing.T) {
 	tests := []struct {
 		name string

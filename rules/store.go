@@ -52,26 +52,31 @@ type Timing struct {
 	SettledElectionTimeout  time.Duration
 }
 
-// DefaultTiming is the production Raft timing. A node starts with
-// hashicorp/raft's 1 s heartbeat and election timeouts (a fresh cluster
-// elects its leader within 1-2 s) and settles on 2 s ones once it has a
-// leader: an idle leader then sends each follower 3-7 heartbeats a second
-// instead of 5-10, and a crashed leader is replaced after 2-4 s instead of
-// 1-2 s (the data plane never waits for Raft; only writes wait). The lease
-// is 1 s to match the settled heartbeats. The commit timeout is how often
-// an idle leader sends each follower an empty AppendEntries besides the
-// heartbeats: at 5 ms that was 130-200 TLS round trips a second per
-// follower, most of an idle agent's CPU (bench/idle.sh). Followers still
-// learn of a commit at once: every write is followed by a barrier, whose
+// DefaultTiming is the production Raft timing. An idle leader sends each
+// follower a heartbeat every tenth to fifth of its heartbeat timeout, and
+// each one wakes both agents (a TLS round trip), so the timeouts are what
+// an idle cluster pays for Raft (bench/idle.sh). A node starts with 2.5 s
+// heartbeat and election timeouts and settles on 4 s ones once it has a
+// leader: an idle leader then sends each follower 1.3-2.5 heartbeats a
+// second. A crashed leader is replaced after 4-8 s: writes proposed
+// meanwhile wait or fail, but the data plane never waits for Raft. The
+// lease, 2 s, is 2.5 of the longest settled gaps between heartbeats
+// (hashicorp/raft's ratio), so an idle leader does not step down between
+// them; a leader cut off from its quorum steps down after it. A fresh
+// bootstrap does not wait a heartbeat timeout for its first election (see
+// bootstrap). The commit timeout is how often an idle leader sends each
+// follower an empty AppendEntries besides the heartbeats: at 5 ms that was
+// 130-200 TLS round trips a second per follower. Followers still learn of
+// a commit at once: every write is followed by a barrier, whose
 // replication carries the new commit index (see applyLocal).
 func DefaultTiming() Timing {
 	return Timing{
-		HeartbeatTimeout:        time.Second,
-		ElectionTimeout:         time.Second,
-		LeaderLeaseTimeout:      time.Second,
-		CommitTimeout:           time.Second,
-		SettledHeartbeatTimeout: 2 * time.Second,
-		SettledElectionTimeout:  2 * time.Second,
+		HeartbeatTimeout:        2500 * time.Millisecond,
+		ElectionTimeout:         2500 * time.Millisecond,
+		LeaderLeaseTimeout:      2 * time.Second,
+		CommitTimeout:           4 * time.Second,
+		SettledHeartbeatTimeout: 4 * time.Second,
+		SettledElectionTimeout:  4 * time.Second,
 	}
 }
 
@@ -346,10 +351,21 @@ func (s *Store) bootstrap() error {
 	if err := s.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil {
 		return fmt.Errorf("bootstrap raft: %w", err)
 	}
+	// A one-node cluster elects itself after a heartbeat timeout. A shorter
+	// timeout (the lease: hashicorp/raft accepts none below it) makes Raft
+	// check a follower's contact at once, and a node that never heard a
+	// leader stands for election then: a new cluster needs no wait.
+	if t := s.cfg.Timing; t.LeaderLeaseTimeout < t.HeartbeatTimeout {
+		rc := s.raft.ReloadableConfig()
+		rc.HeartbeatTimeout = t.LeaderLeaseTimeout
+		if err := s.raft.ReloadConfig(rc); err != nil {
+			s.log.Warn("raft: first election after the heartbeat timeout", "err", err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*s.cfg.Timing.ElectionTimeout+2*s.cfg.ApplyTimeout)
 	defer cancel()
-	// A one-node cluster elects itself after a heartbeat timeout; wait for
-	// that here so a slow election does not eat the writes' own timeout.
+	// Wait for the election here so that a slow one does not eat the
+	// writes' own timeout.
 	for !s.IsLeader() {
 		select {
 		case <-ctx.Done():
