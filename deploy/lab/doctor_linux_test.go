@@ -104,15 +104,7 @@ func TestDoctor(t *testing.T) {
 	bin := buildShoal(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	l, err := Up(ctx, Options{Nodes: 3, Binary: bin, Base: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(context.Background()); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := upLab(ctx, t, Options{Nodes: 3, Binary: bin})
 	// A little traffic: the client resolves the VIP, the nodes answer ARP.
 	if res, err := l.Load(ctx, LoadArgs{Duration: 300 * time.Millisecond, Concurrency: 1}, nil); err != nil || res.Failures > 0 {
 		t.Fatalf("traffic: %+v, %v", res, err)

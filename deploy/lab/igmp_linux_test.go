@@ -31,15 +31,7 @@ func TestIGMPModeBystander(t *testing.T) {
 func testIGMPMode(t *testing.T, bin string, family Family) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := Up(ctx, Options{Nodes: 2, Binary: bin, Base: t.TempDir(), MACMode: "igmp", Family: family})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(context.Background()); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := upLab(ctx, t, Options{Nodes: 2, Binary: bin, MACMode: "igmp", Family: family})
 	for _, vip := range l.VIPs() {
 		if ports, err := l.groupPorts(ctx, IGMPGroup(vip).String()); err != nil || strings.Join(ports, ",") != "p-node1,p-node2" {
 			t.Errorf("the switch's members of %s: %v (%v), want both nodes' ports only", IGMPGroup(vip), ports, err)

@@ -38,6 +38,23 @@ func upForTest(t testing.TB, nodes int) *Lab {
 	return upForTestFamily(t, nodes, Family4)
 }
 
+// upLab starts a lab of opts in a temporary directory and removes it in
+// t.Cleanup, whatever happens.
+func upLab(ctx context.Context, t *testing.T, opts Options) *Lab {
+	t.Helper()
+	opts.Base = t.TempDir()
+	l, err := Up(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	return l
+}
+
 // upForTestFamily is upForTest for a lab of a family.
 func upForTestFamily(t testing.TB, nodes int, family Family) *Lab {
 	t.Helper()

@@ -1,16 +1,13 @@
 package lab
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,9 +21,6 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
-	"github.com/google/gopacket/pcapgo"
-
-	"github.com/shoalnet/shoal/rules"
 )
 
 // upSecurityLab builds shoal and a 3-node lab, removed in t.Cleanup.
@@ -39,16 +33,7 @@ func upSecurityLab(t *testing.T) (*Lab, context.Context) {
 	bin := buildShoal(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	l, err := Up(ctx, Options{Nodes: 3, Binary: bin, Base: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(context.Background()); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	return l, ctx
+	return upLab(ctx, t, Options{Nodes: 3, Binary: bin}), ctx
 }
 
 // TestSecurityHeartbeatReplay captures node3's heartbeats on the switch,
@@ -278,12 +263,12 @@ func TestSecurityKeyRotationUnderLoad(t *testing.T) {
 	// The old key alone is refused by every node; the new one is not.
 	for _, n := range l.Nodes {
 		peer := netip.AddrPortFrom(n.Addr, PeerPort).String()
-		if err := peerPlug(t, l, oldKey, peer); err == nil {
+		if err := plugRequest(t, l, oldKey, peer, false, 0); err == nil {
 			t.Errorf("%s accepted a peer request under the old key after the rotation", n.Name)
 		} else {
 			t.Logf("%s refuses the old key: %v", n.Name, err)
 		}
-		if err := peerPlug(t, l, newKey, peer); err != nil {
+		if err := plugRequest(t, l, newKey, peer, false, 0); err != nil {
 			t.Errorf("%s refused a peer request under the new key: %v", n.Name, err)
 		}
 	}
@@ -324,41 +309,6 @@ func countLines(path, substr string) int {
 	return bytes.Count(b, []byte(substr))
 }
 
-// peerPlug sends a harmless plug request (restore, which is a no-op on a
-// plugged node) to peer from the client, under the key in keyFile.
-func peerPlug(t *testing.T, l *Lab, keyFile, peer string) error {
-	key, err := readHexKey(keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := rules.NewCerts(rules.TLSOptions{Name: "drill", Keys: [][]byte{key}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := rules.NewPeerClient(certs)
-	c.Timeout = 3 * time.Second
-	c.Transport.(*http.Transport).DialContext = nsDialer(t, l.Client.Namespace)
-	defer c.CloseIdleConnections()
-	resp, err := c.Post(rules.PeerURL(peer, "/v1/peer/plug"), "application/json", strings.NewReader(`{"pulled":false}`))
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s: %s", resp.Status, msg)
-	}
-	return nil
-}
-
-func readHexKey(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return hex.DecodeString(strings.TrimSpace(string(b)))
-}
-
 // watchHosts samples hosts' status every 100 ms until stop, which returns
 // how many samples differ says were wrong.
 func watchHosts(ctx context.Context, t *testing.T, l *Lab, hosts []Host, differ func([]NodeStatus) string) (stop func() int64) {
@@ -389,16 +339,8 @@ func watchHosts(ctx context.Context, t *testing.T, l *Lab, hosts []Host, differ 
 func rejectedHeartbeats(t *testing.T, l *Lab, hosts []Host) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: nsDialer(t, l.Client.Namespace)}}
-	defer c.CloseIdleConnections()
 	for _, h := range hosts {
-		resp, err := c.Get(fmt.Sprintf("http://%s:%d/metrics", h.Addr, MetricsPort))
-		if err != nil {
-			t.Fatalf("scrape %s: %v", h.Name, err)
-		}
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			line := sc.Text()
+		for _, line := range strings.Split(scrapeMetrics(t, l, h), "\n") {
 			if !strings.HasPrefix(line, `shoal_heartbeat_events_total{event="rejected_`) {
 				continue
 			}
@@ -409,7 +351,6 @@ func rejectedHeartbeats(t *testing.T, l *Lab, hosts []Host) map[string]float64 {
 			}
 			out[h.Name] += v
 		}
-		resp.Body.Close()
 	}
 	return out
 }
@@ -420,52 +361,31 @@ type datagram struct {
 	payload []byte
 }
 
-// udpCapture reads frames on one switch port and keeps the UDP datagrams
-// from src to port.
+// udpCapture keeps the UDP datagrams from src to port that cross one
+// switch port.
 type udpCapture struct {
 	mu    sync.Mutex
 	grams []datagram
-	h     *pcapgo.EthernetHandle
-	wg    sync.WaitGroup
+	sn    *sniffer
 }
 
 func startUDPCapture(t *testing.T, sw, bridgePort string, src netip.Addr, port int) *udpCapture {
 	t.Helper()
 	c := &udpCapture{}
-	err := inNamespace(t, sw, func() error {
-		var err error
-		c.h, err = pcapgo.NewEthernetHandle(bridgePort)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("capture on %s: %v", bridgePort, err)
-	}
-	h := c.h
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		for {
-			data, _, err := h.ReadPacketData()
-			if err != nil {
-				return
-			}
-			p := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.NoCopy)
-			ip4, _ := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
-			udp, _ := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
-			if ip4 == nil || udp == nil || int(udp.DstPort) != port {
-				continue
-			}
-			s, _ := netip.AddrFromSlice(ip4.SrcIP)
-			d, _ := netip.AddrFromSlice(ip4.DstIP)
-			if s != src {
-				continue
-			}
-			c.mu.Lock()
-			c.grams = append(c.grams, datagram{netip.AddrPortFrom(d, uint16(udp.DstPort)), bytes.Clone(udp.Payload)})
-			c.mu.Unlock()
+	c.sn = sniff(t, sw, []string{bridgePort}, func(ip4 *layers.IPv4, p gopacket.Packet) {
+		udp, _ := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if udp == nil || int(udp.DstPort) != port {
+			return
 		}
-	}()
-	t.Cleanup(func() { c.stop() })
+		s, _ := netip.AddrFromSlice(ip4.SrcIP)
+		d, _ := netip.AddrFromSlice(ip4.DstIP)
+		if s != src {
+			return
+		}
+		c.mu.Lock()
+		c.grams = append(c.grams, datagram{netip.AddrPortFrom(d, uint16(udp.DstPort)), bytes.Clone(udp.Payload)})
+		c.mu.Unlock()
+	})
 	return c
 }
 
@@ -476,11 +396,7 @@ func (c *udpCapture) count() int {
 }
 
 func (c *udpCapture) stop() []datagram {
-	if c.h != nil {
-		c.h.Close()
-		c.h = nil
-	}
-	c.wg.Wait()
+	c.sn.stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.grams

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,22 +35,7 @@ import (
 //     connections: no view change, every agent's memory stays bounded, and
 //     the refusals are counted.
 func TestSecurityCaptureReplayFlood(t *testing.T) {
-	needRoot(t)
-	if testing.Short() {
-		t.Skip("builds shoal and a 3-node lab; skipped with -short")
-	}
-	bin := buildShoal(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	l, err := Up(ctx, Options{Nodes: 3, Binary: bin, Base: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(context.Background()); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l, ctx := upSecurityLab(t)
 
 	// Capture on every node's switch port while node3 adds a rule: the
 	// write goes to the leader over the peer API and out over Raft.
@@ -109,7 +93,7 @@ func TestSecurityCaptureReplayFlood(t *testing.T) {
 	if fresh == 0 {
 		t.Fatal("captured no connection from its start")
 	}
-	stopWatch, _ := watch(ctx, t, l, before)
+	stopWatch := watchHosts(ctx, t, l, l.Nodes, func(s []NodeStatus) string { return diffStatus(before, s) })
 	for _, from := range []Host{l.Client, l.Nodes[1]} {
 		for k, f := range flows {
 			if k.dport != RaftPort && k.dport != PeerPort {
@@ -132,7 +116,7 @@ func TestSecurityCaptureReplayFlood(t *testing.T) {
 	// Flood every TCP listener from the client for a bounded time while
 	// watching the views.
 	rss0 := agentRSS(t, l)
-	stopWatch, _ = watch(ctx, t, l, before)
+	stopWatch = watchHosts(ctx, t, l, l.Nodes, func(s []NodeStatus) string { return diffStatus(before, s) })
 	var targets []string
 	for _, n := range l.Nodes {
 		for _, p := range []int{RaftPort, PeerPort, MetricsPort} {
@@ -157,21 +141,7 @@ func TestSecurityCaptureReplayFlood(t *testing.T) {
 	t.Logf("agent RSS before/after the flood (KiB): %v / %v", rss0, rss1)
 
 	// The refusals are counted where an operator looks.
-	var metrics string
-	err = func() error {
-		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: nsDialer(t, l.Client.Namespace)}}
-		resp, err := c.Get(fmt.Sprintf("http://%s:%d/metrics", l.Nodes[0].Addr, MetricsPort))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		metrics = string(b)
-		return err
-	}()
-	if err != nil {
-		t.Fatalf("scrape node1: %v", err)
-	}
+	metrics := scrapeMetrics(t, l, l.Nodes[0])
 	for _, want := range []string{`shoal_refused_total{listener="raft",reason="unregistered_address"}`, `shoal_refused_total{listener="peer",reason="tls_handshake"}`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("node1's metrics lack %s", want)
@@ -179,39 +149,21 @@ func TestSecurityCaptureReplayFlood(t *testing.T) {
 	}
 }
 
-// watch samples the nodes' status every 100 ms until stop, which returns
-// how many samples differed from want.
-func watch(ctx context.Context, t *testing.T, l *Lab, want []NodeStatus) (stop func() int64, changes *atomic.Int64) {
-	changes = new(atomic.Int64)
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for wctx.Err() == nil {
-			if st, err := l.Statuses(wctx, l.Nodes); err == nil {
-				if d := diffStatus(want, st); d != "" {
-					changes.Add(1)
-					t.Logf("status differs: %s", d)
-				}
-			}
-			select {
-			case <-wctx.Done():
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}()
-	return func() int64 { cancel(); <-done; return changes.Load() }, changes
-}
-
-// plug pulls or restores a node's plug from the client, as `shoal drill`
-// does, on a fresh connection.
+// plug pulls or restores a node's plug from the client under the lab's
+// key, as `shoal drill` does, on a fresh connection.
 func plug(t *testing.T, l *Lab, peer string, pulled bool, restoreAfter time.Duration) {
 	t.Helper()
-	b, err := os.ReadFile(l.KeyFile)
-	if err != nil {
-		t.Fatal(err)
+	if err := plugRequest(t, l, l.KeyFile, peer, pulled, restoreAfter); err != nil {
+		t.Fatalf("plug pulled=%v on %s: %v", pulled, peer, err)
 	}
-	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+}
+
+// plugRequest sends peer a plug request from the client, under the key
+// in keyFile, on a fresh connection: pull the plug (and restore it after
+// restoreAfter) or restore it (a no-op on a plugged node).
+func plugRequest(t *testing.T, l *Lab, keyFile, peer string, pulled bool, restoreAfter time.Duration) error {
+	t.Helper()
+	key, err := readHexKey(keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,25 +171,46 @@ func plug(t *testing.T, l *Lab, peer string, pulled bool, restoreAfter time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
+	c := rules.NewPeerClient(certs)
+	c.Timeout = 10 * time.Second
+	c.Transport.(*http.Transport).DialContext = nsDialer(t, l.Client.Namespace)
+	defer c.CloseIdleConnections()
 	body := fmt.Sprintf(`{"pulled":%v,"restore_after":%d}`, pulled, restoreAfter)
-	err = func() error {
-		c := rules.NewPeerClient(certs)
-		c.Transport.(*http.Transport).DialContext = nsDialer(t, l.Client.Namespace)
-		defer c.CloseIdleConnections()
-		resp, err := c.Post(rules.PeerURL(peer, "/v1/peer/plug"), "application/json", strings.NewReader(body))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode/100 != 2 {
-			msg, _ := io.ReadAll(resp.Body)
-			return fmt.Errorf("%s: %s", resp.Status, msg)
-		}
-		return nil
-	}()
+	resp, err := c.Post(rules.PeerURL(peer, "/v1/peer/plug"), "application/json", strings.NewReader(body))
 	if err != nil {
-		t.Fatalf("plug pulled=%v on %s: %v", pulled, peer, err)
+		return err
 	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s: %s", resp.Status, msg)
+	}
+	return nil
+}
+
+func readHexKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return hex.DecodeString(strings.TrimSpace(string(b)))
+}
+
+// scrapeMetrics returns h's metrics page, scraped from the client.
+func scrapeMetrics(t *testing.T, l *Lab, h Host) string {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: nsDialer(t, l.Client.Namespace)}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get(fmt.Sprintf("http://%s:%d/metrics", h.Addr, MetricsPort))
+	if err != nil {
+		t.Fatalf("scrape %s: %v", h.Name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", h.Name, err)
+	}
+	return string(b)
 }
 
 // settled waits for the lab to be converged and returns every node's
@@ -292,77 +265,104 @@ type flowKey struct {
 
 func (k flowKey) String() string { return k.src.String() + "->" + k.dst.String() }
 
-// capture reads frames on every node's switch port.
+// sniffer reads the frames that cross some of the switch's ports.
+type sniffer struct {
+	handles []*pcapgo.EthernetHandle
+	wg      sync.WaitGroup
+}
+
+// sniff reads the frames of ports in the switch namespace sw until stop
+// (in t.Cleanup at the latest) and hands every IPv4 packet to keep, which
+// runs on the readers' goroutines (one per port) and locks what it shares.
+func sniff(t *testing.T, sw string, ports []string, keep func(ip4 *layers.IPv4, p gopacket.Packet)) *sniffer {
+	t.Helper()
+	s := &sniffer{}
+	t.Cleanup(s.stop)
+	for _, port := range ports {
+		var h *pcapgo.EthernetHandle
+		err := inNamespace(t, sw, func() error {
+			var err error
+			h, err = pcapgo.NewEthernetHandle(port)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("capture on %s: %v", port, err)
+		}
+		s.handles = append(s.handles, h)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for {
+				data, _, err := h.ReadPacketData()
+				if err != nil {
+					return
+				}
+				p := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.NoCopy)
+				if ip4, _ := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ip4 != nil {
+					keep(ip4, p)
+				}
+			}
+		}()
+	}
+	return s
+}
+
+// stop closes the ports and waits for their readers; again, it does
+// nothing.
+func (s *sniffer) stop() {
+	for _, h := range s.handles {
+		h.Close()
+	}
+	s.handles = nil
+	s.wg.Wait()
+}
+
+// capture keeps the TCP streams that cross every node's switch port.
 type capture struct {
 	mu       sync.Mutex
 	segments map[flowKey]map[uint32][]byte // by sequence number
 	syn      map[flowKey]bool              // the capture saw the flow start
-	handles  []*pcapgo.EthernetHandle
-	wg       sync.WaitGroup
+	sn       *sniffer
 }
 
 func startCapture(t *testing.T, l *Lab) *capture {
 	t.Helper()
 	c := &capture{segments: map[flowKey]map[uint32][]byte{}, syn: map[flowKey]bool{}}
+	var ports []string
 	for _, n := range l.Nodes {
-		var h *pcapgo.EthernetHandle
-		err := inNamespace(t, l.Switch, func() error {
-			var err error
-			h, err = pcapgo.NewEthernetHandle(n.BridgePort)
-			return err
-		})
-		if err != nil {
-			t.Fatalf("capture on %s: %v", n.BridgePort, err)
-		}
-		c.handles = append(c.handles, h)
-		c.wg.Add(1)
-		go c.read(h)
+		ports = append(ports, n.BridgePort)
 	}
-	t.Cleanup(func() { c.stop() })
+	c.sn = sniff(t, l.Switch, ports, c.keep)
 	return c
 }
 
-func (c *capture) read(h *pcapgo.EthernetHandle) {
-	defer c.wg.Done()
-	for {
-		data, _, err := h.ReadPacketData()
-		if err != nil {
-			return
-		}
-		p := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.NoCopy)
-		ip4, _ := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
-		tcp, _ := p.Layer(layers.LayerTypeTCP).(*layers.TCP)
-		if ip4 == nil || tcp == nil {
-			continue
-		}
-		src, _ := netip.AddrFromSlice(ip4.SrcIP)
-		dst, _ := netip.AddrFromSlice(ip4.DstIP)
-		k := flowKey{netip.AddrPortFrom(src, uint16(tcp.SrcPort)), netip.AddrPortFrom(dst, uint16(tcp.DstPort)), int(tcp.SrcPort), int(tcp.DstPort)}
-		if tcp.SYN {
-			c.mu.Lock()
-			c.syn[k] = true
-			c.mu.Unlock()
-		}
-		if len(tcp.Payload) == 0 {
-			continue
-		}
-		c.mu.Lock()
-		if c.segments[k] == nil {
-			c.segments[k] = map[uint32][]byte{}
-		}
-		c.segments[k][tcp.Seq] = bytes.Clone(tcp.Payload)
-		c.mu.Unlock()
+// keep adds a TCP segment to its stream.
+func (c *capture) keep(ip4 *layers.IPv4, p gopacket.Packet) {
+	tcp, _ := p.Layer(layers.LayerTypeTCP).(*layers.TCP)
+	if tcp == nil {
+		return
 	}
+	src, _ := netip.AddrFromSlice(ip4.SrcIP)
+	dst, _ := netip.AddrFromSlice(ip4.DstIP)
+	k := flowKey{netip.AddrPortFrom(src, uint16(tcp.SrcPort)), netip.AddrPortFrom(dst, uint16(tcp.DstPort)), int(tcp.SrcPort), int(tcp.DstPort)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if tcp.SYN {
+		c.syn[k] = true
+	}
+	if len(tcp.Payload) == 0 {
+		return
+	}
+	if c.segments[k] == nil {
+		c.segments[k] = map[uint32][]byte{}
+	}
+	c.segments[k][tcp.Seq] = bytes.Clone(tcp.Payload)
 }
 
 // stop ends the capture and returns each direction's bytes in sequence
 // order (duplicates, seen on two ports, once).
 func (c *capture) stop() map[flowKey][]byte {
-	for _, h := range c.handles {
-		h.Close()
-	}
-	c.handles = nil
-	c.wg.Wait()
+	c.sn.stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := map[flowKey][]byte{}
