@@ -313,41 +313,12 @@ func (c *Classifier) parse(ip []byte, dst netip.Addr) (f flow, ok bool) {
 	total := int(binary.BigEndian.Uint16(ip[2:4]))
 	proto := layers.IPProtocol(ip[9])
 	l4 := ip[ihl:total]
-	cfg := c.t.Config
 	if binary.BigEndian.Uint16(ip[6:8])&0x1fff != 0 { // a later fragment
-		f.rule = DefaultRule
-		if p := protoOf(proto); p != 0 {
-			f.rule, _ = cfg.Lookup(dst, p, 0)
-		}
-		f.key = keyFor(AffinitySingle, addr4(ip[12:16]), 0)
-		return f, true
+		return c.noPorts(dst, protoOf(proto), addr4(ip[12:16])), true
 	}
 	switch proto {
 	case layers.IPProtocolTCP, layers.IPProtocolUDP:
-		if proto == layers.IPProtocolTCP {
-			if len(l4) < 20 {
-				return f, false
-			}
-			doff := int(l4[12]>>4) * 4
-			if doff < 20 || doff > len(l4) {
-				return f, false
-			}
-		} else if len(l4) < 8 {
-			return f, false
-		}
-		sport := binary.BigEndian.Uint16(l4[0:2])
-		dport := binary.BigEndian.Uint16(l4[2:4])
-		f.rule, _ = cfg.Lookup(dst, protoOf(proto), dport)
-		f.key = keyFor(cfg.Affinity(f.rule), addr4(ip[12:16]), sport)
-		if proto == layers.IPProtocolTCP {
-			f.tcp = true
-			f.syn = l4[13]&0x12 == 0x02    // SYN without ACK
-			f.cookie = l4[13]&0x16 == 0x10 // ACK without SYN or RST
-			f.seq, f.ack = binary.BigEndian.Uint32(l4[4:8]), binary.BigEndian.Uint32(l4[8:12])
-			f.client = netip.AddrPortFrom(addr4(ip[12:16]), sport)
-			f.vip = netip.AddrPortFrom(dst, dport)
-		}
-		return f, true
+		return c.ports(l4, protoOf(proto), addr4(ip[12:16]), dst)
 	case layers.IPProtocolICMPv4:
 		if len(l4) < 8 {
 			return f, false
@@ -379,23 +350,56 @@ func (c *Classifier) parseEmbedded(e []byte, outerSrc netip.Addr) (f flow, ok bo
 		f.rule, f.key = DefaultRule, keyFor(AffinitySingle, outerSrc, 0)
 		return f, true
 	}
-	client := addr4(e[16:20])
-	proto := protoOf(layers.IPProtocol(e[9]))
-	cfg := c.t.Config
-	switch {
-	case proto == 0:
-		f.rule, f.key = DefaultRule, keyFor(AffinitySingle, client, 0)
-		return f, true
-	case binary.BigEndian.Uint16(e[6:8])&0x1fff != 0: // a later fragment: no ports
-		f.rule, _ = cfg.Lookup(vip, proto, 0)
-		f.key = keyFor(AffinitySingle, client, 0)
-		return f, true
-	}
-	if len(e) < ihl+4 {
+	later := binary.BigEndian.Uint16(e[6:8])&0x1fff != 0
+	return c.quotedPorts(e, ihl, later, protoOf(layers.IPProtocol(e[9])), vip, addr4(e[16:20]))
+}
+
+// The readers below serve the IPv4 and the IPv6 parser alike (as l4_ports,
+// quoted_ports and no_ports do in the C).
+
+// ports reads the TCP or UDP header l4 of a packet from src to VIP dst:
+// the rule by destination port, the key by the rule's affinity and, for
+// TCP, the 4-tuple and flags; ok is false when the header is malformed.
+func (c *Classifier) ports(l4 []byte, proto Protocol, src, dst netip.Addr) (f flow, ok bool) {
+	if proto == ProtoTCP {
+		if len(l4) < 20 {
+			return f, false
+		}
+		if doff := int(l4[12]>>4) * 4; doff < 20 || doff > len(l4) {
+			return f, false
+		}
+	} else if len(l4) < 8 {
 		return f, false
 	}
-	vport := binary.BigEndian.Uint16(e[ihl : ihl+2])
-	cport := binary.BigEndian.Uint16(e[ihl+2 : ihl+4])
+	cfg := c.t.Config
+	sport := binary.BigEndian.Uint16(l4[0:2])
+	dport := binary.BigEndian.Uint16(l4[2:4])
+	f.rule, _ = cfg.Lookup(dst, proto, dport)
+	f.key = keyFor(cfg.Affinity(f.rule), src, sport)
+	if proto == ProtoTCP {
+		f.tcp = true
+		f.syn = l4[13]&0x12 == 0x02    // SYN without ACK
+		f.cookie = l4[13]&0x16 == 0x10 // ACK without SYN or RST
+		f.seq, f.ack = binary.BigEndian.Uint32(l4[4:8]), binary.BigEndian.Uint32(l4[8:12])
+		f.client = netip.AddrPortFrom(src, sport)
+		f.vip = netip.AddrPortFrom(dst, dport)
+	}
+	return f, true
+}
+
+// quotedPorts reads the flow of the packet e an ICMP error quotes, from
+// vip to client: from its transport header (proto, at off) unless it is a
+// later fragment; ok is false when the quote stops before the ports.
+func (c *Classifier) quotedPorts(e []byte, off int, later bool, proto Protocol, vip, client netip.Addr) (f flow, ok bool) {
+	if later || proto == 0 {
+		return c.noPorts(vip, proto, client), true
+	}
+	if len(e) < off+4 {
+		return f, false
+	}
+	cfg := c.t.Config
+	vport := binary.BigEndian.Uint16(e[off : off+2])
+	cport := binary.BigEndian.Uint16(e[off+2 : off+4])
 	f.rule, _ = cfg.Lookup(vip, proto, vport)
 	f.key = keyFor(cfg.Affinity(f.rule), client, cport)
 	if proto == ProtoTCP {
@@ -404,6 +408,18 @@ func (c *Classifier) parseEmbedded(e []byte, outerSrc netip.Addr) (f flow, ok bo
 		f.vip = netip.AddrPortFrom(vip, vport)
 	}
 	return f, true
+}
+
+// noPorts is the flow of a packet to vip whose ports are not known (a
+// later fragment, or a protocol without ports, proto 0): the rule for port
+// 0 of its protocol (the default rule without one) and the client address
+// alone, as every node judges it alike.
+func (c *Classifier) noPorts(vip netip.Addr, proto Protocol, client netip.Addr) flow {
+	f := flow{rule: DefaultRule, key: keyFor(AffinitySingle, client, 0)}
+	if proto != 0 {
+		f.rule, _ = c.t.Config.Lookup(vip, proto, 0)
+	}
+	return f
 }
 
 func (c *Classifier) isVIP(a netip.Addr) bool {

@@ -123,10 +123,7 @@ func (c *Classifier) classify6(frame, ip []byte) Result {
 		if res, ok := c.remembered(frame, fr.key); ok {
 			return res
 		}
-		f := flow{rule: DefaultRule, key: keyFor(AffinitySingle, src, 0)}
-		if pr := protoOf(layers.IPProtocol(w.fragNext)); pr != 0 {
-			f.rule, _ = c.t.Config.Lookup(dst, pr, 0)
-		}
+		f := c.noPorts(dst, protoOf(layers.IPProtocol(w.fragNext)), src)
 		return c.decide(frame, &f, fr)
 	}
 	f, pass, ok := c.parse6(p, w, src, dst)
@@ -143,33 +140,10 @@ func (c *Classifier) classify6(frame, ip []byte) Result {
 // header, which w found. pass is set for Neighbor Discovery.
 func (c *Classifier) parse6(p []byte, w walk6, src, dst netip.Addr) (f flow, pass, ok bool) {
 	l4 := p[w.off:]
-	cfg := c.t.Config
 	switch layers.IPProtocol(w.nh) {
 	case layers.IPProtocolTCP, layers.IPProtocolUDP:
-		proto := protoOf(layers.IPProtocol(w.nh))
-		if proto == ProtoTCP {
-			if len(l4) < 20 {
-				return f, false, false
-			}
-			if doff := int(l4[12]>>4) * 4; doff < 20 || doff > len(l4) {
-				return f, false, false
-			}
-		} else if len(l4) < 8 {
-			return f, false, false
-		}
-		sport := binary.BigEndian.Uint16(l4[0:2])
-		dport := binary.BigEndian.Uint16(l4[2:4])
-		f.rule, _ = cfg.Lookup(dst, proto, dport)
-		f.key = keyFor(cfg.Affinity(f.rule), src, sport)
-		if proto == ProtoTCP {
-			f.tcp = true
-			f.syn = l4[13]&0x12 == 0x02
-			f.cookie = l4[13]&0x16 == 0x10
-			f.seq, f.ack = binary.BigEndian.Uint32(l4[4:8]), binary.BigEndian.Uint32(l4[8:12])
-			f.client = netip.AddrPortFrom(src, sport)
-			f.vip = netip.AddrPortFrom(dst, dport)
-		}
-		return f, false, true
+		f, ok = c.ports(l4, protoOf(layers.IPProtocol(w.nh)), src, dst)
+		return f, false, ok
 	case layers.IPProtocolICMPv6:
 		if len(l4) < 8 {
 			return f, false, false
@@ -204,30 +178,7 @@ func (c *Classifier) parseEmbedded6(e []byte, outerSrc netip.Addr) (f flow, ok b
 	if !ok {
 		return f, false
 	}
-	cfg := c.t.Config
-	proto := protoOf(layers.IPProtocol(w.nh))
-	switch {
-	case proto == 0:
-		f.rule, f.key = DefaultRule, keyFor(AffinitySingle, client, 0)
-		return f, true
-	case w.later: // no ports
-		f.rule, _ = cfg.Lookup(vip, proto, 0)
-		f.key = keyFor(AffinitySingle, client, 0)
-		return f, true
-	}
-	if len(e) < w.off+4 {
-		return f, false
-	}
-	vport := binary.BigEndian.Uint16(e[w.off : w.off+2])
-	cport := binary.BigEndian.Uint16(e[w.off+2 : w.off+4])
-	f.rule, _ = cfg.Lookup(vip, proto, vport)
-	f.key = keyFor(cfg.Affinity(f.rule), client, cport)
-	if proto == ProtoTCP {
-		f.tcp = true
-		f.client = netip.AddrPortFrom(client, cport)
-		f.vip = netip.AddrPortFrom(vip, vport)
-	}
-	return f, true
+	return c.quotedPorts(e, w.off, w.later, protoOf(layers.IPProtocol(w.nh)), vip, client)
 }
 
 func addr16(b []byte) netip.Addr { return netip.AddrFrom16([16]byte(b)) }
