@@ -144,6 +144,33 @@ func (s *sim) setLocal(i int, stopped, healthy bool) {
 	s.after(i)
 }
 
+// faultSizes are the cluster sizes of TestSimRandomFaults' runs, by seed.
+var faultSizes = []int{2, 3, 4, 5, 8}
+
+// faultRun prepares run seed of TestSimRandomFaults in delay class dc
+// (TestDebugRun traces one): a cluster of faultSizes[seed%5] nodes whose
+// links have random delays within the class, all started, and a random
+// fault plan from a second after the start (from). It returns the sim,
+// the class's largest one-way delay, from, when the last fault ends and
+// the plan. With trace, every event is printed from the start on.
+func faultRun(t *testing.T, dc delayClass, seed int, trace bool) (s *sim, maxD, from, last time.Duration, desc []string) {
+	t.Helper()
+	n := faultSizes[seed%len(faultSizes)]
+	s = newSim(t, n, Config{}, uint64(seed)*7919+uint64(len(dc.name)))
+	maxD = dc.maxDelay(s.cfg.Period)
+	s.setAllLinks(func(l *simLink) {
+		l.delay = 20*time.Microsecond + time.Duration(s.rng.Int64N(int64(maxD/2)))
+		l.jitter = time.Duration(s.rng.Int64N(int64(maxD - l.delay)))
+	})
+	if trace {
+		s.trace = func(m string) { fmt.Printf("%v %s\n", s.elapsed(), m) }
+	}
+	start := s.startAll(3 * time.Second)
+	from = start + time.Second
+	last, desc = s.faultPlan(from, from+6*time.Second, 2+s.rng.IntN(6))
+	return s, maxD, from, last, desc
+}
+
 // TestSimRandomFaults runs many seeded random runs with crashes, restarts,
 // full and one-way partitions, loss bursts, flapping cables and admin
 // changes, and checks:
@@ -154,7 +181,6 @@ func (s *sim) setLocal(i int, stopped, healthy bool) {
 //   - liveness: after the last fault ends, every bucket has exactly one
 //     owner among the up nodes within T*P + 2P (+ the delays themselves).
 func TestSimRandomFaults(t *testing.T) {
-	sizes := []int{2, 3, 4, 5, 8}
 	for _, dc := range delayClasses {
 		t.Run(dc.name, func(t *testing.T) {
 			runs := dc.runs
@@ -166,16 +192,8 @@ func TestSimRandomFaults(t *testing.T) {
 			var bad, badViol, lostViol, lateViol int
 			var covered []time.Duration
 			for seed := range runs {
-				n := sizes[seed%len(sizes)]
-				s := newSim(t, n, Config{}, uint64(seed)*7919+uint64(len(dc.name)))
-				maxD := dc.maxDelay(s.cfg.Period)
-				s.setAllLinks(func(l *simLink) {
-					l.delay = 20*time.Microsecond + time.Duration(s.rng.Int64N(int64(maxD/2)))
-					l.jitter = time.Duration(s.rng.Int64N(int64(maxD - l.delay)))
-				})
-				start := s.startAll(3 * time.Second)
-				from := start + time.Second
-				last, desc := s.faultPlan(from, from+6*time.Second, 2+s.rng.IntN(6))
+				s, maxD, from, last, desc := faultRun(t, dc, seed, false)
+				n := len(s.nodes)
 				last = max(last, from)
 				s.run(last)
 				p := s.cfg.Period
@@ -216,7 +234,7 @@ func TestSimRandomFaults(t *testing.T) {
 			}
 			cs := sortedDurations(covered)
 			t.Logf("%s: %d runs (n in %v), one-way delay < %v: runs with two nodes accepting one bucket: %d unexplained, %d because a heartbeat announcing the change was delayed, %d because every one was lost; %d runs not covered in time; after the last fault, coverage p50 %v p99 %v max %v",
-				dc.name, runs, sizes, dc.maxDelay(DefaultPeriod), badViol, lateViol, lostViol, bad, percentile(cs, .5), percentile(cs, .99), percentile(cs, 1))
+				dc.name, runs, faultSizes, dc.maxDelay(DefaultPeriod), badViol, lateViol, lostViol, bad, percentile(cs, .5), percentile(cs, .99), percentile(cs, 1))
 		})
 	}
 }
