@@ -4,6 +4,7 @@ package filter
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -50,6 +51,23 @@ func enterNetns(t testing.TB, name string) {
 	if err := netns.Set(h); err != nil {
 		t.Fatalf("enter netns %s: %v", name, err)
 	}
+}
+
+// enterNetnsWith makes a namespace (newNetns) whose lo holds addrs (IPv4
+// as /32, IPv6 as /128 without duplicate address detection), enters it
+// (enterNetns) and returns its name.
+func enterNetnsWith(t testing.TB, addrs ...netip.Addr) string {
+	t.Helper()
+	ns := newNetns(t)
+	for _, a := range addrs {
+		if a.Is4() {
+			run(t, "ip", "-n", ns, "addr", "add", a.String()+"/32", "dev", "lo")
+		} else {
+			run(t, "ip", "-n", ns, "addr", "add", a.String()+"/128", "dev", "lo", "nodad")
+		}
+	}
+	enterNetns(t, ns)
+	return ns
 }
 
 func run(t testing.TB, args ...string) string {

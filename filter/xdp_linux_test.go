@@ -95,14 +95,9 @@ func sub(a, b Counters) Counters {
 // a real connection on a VIP, and wants the same action, the same output
 // frame and the same counters.
 func TestDifferential(t *testing.T) {
-	ns := newNetns(t)
 	vip0, client := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.2/32", "dev", "lo")
 	vip6, client6 := netip.MustParseAddr("2001:db8:1::1"), netip.MustParseAddr("2001:db8:1::2")
-	run(t, "ip", "-n", ns, "addr", "add", vip6.String()+"/128", "dev", "lo", "nodad")
-	run(t, "ip", "-n", ns, "addr", "add", client6.String()+"/128", "dev", "lo", "nodad")
-	enterNetns(t, ns)
+	enterNetnsWith(t, vip0, client, vip6, client6)
 	x := loadXDP(t)
 	conn, listener := realConn(t, vip0, client)
 	conn6, _ := realConn(t, vip6, client6)

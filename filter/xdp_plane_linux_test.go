@@ -80,11 +80,8 @@ func TestUpdatePartialFailure(t *testing.T) {
 // expired: once it has expired, owned and owned-dirty buckets behave as
 // draining, so new connections are refused and held ones keep flowing.
 func TestLease(t *testing.T) {
-	ns := newNetns(t)
 	vip, client := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.2/32", "dev", "lo")
-	enterNetns(t, ns)
+	ns := enterNetnsWith(t, vip, client)
 	x := loadXDP(t)
 	conn, _ := realConn(t, vip, client)
 	est := pkt{src: conn[0].Addr(), sport: conn[0].Port(), dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true}
@@ -143,11 +140,8 @@ func TestLease(t *testing.T) {
 // fragment of a datagram whose first fragment was never seen is judged by
 // the rule for port 0.
 func TestFragmentsFollowFlow(t *testing.T) {
-	ns := newNetns(t)
 	vip, client := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.2/32", "dev", "lo")
-	enterNetns(t, ns)
+	enterNetnsWith(t, vip, client)
 	x := loadXDP(t)
 	conn, _ := realConn(t, vip, client)
 	// Affinity single: every flow of the client shares its bucket.

@@ -23,11 +23,8 @@ import (
 // namespace. Only the established connection's packets (and, in a dirty
 // bucket, SYNs) get through.
 func TestSocketLookup(t *testing.T) {
-	ns := newNetns(t)
 	vip, client := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.2/32", "dev", "lo")
-	enterNetns(t, ns)
+	ns := enterNetnsWith(t, vip, client)
 	x := loadXDP(t)
 	conn, _ := realConn(t, vip, client)
 	tw := timeWaitConn(t, ns, vip, client)
