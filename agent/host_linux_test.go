@@ -354,6 +354,14 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	pollFor(t, 5*time.Second, "healthy at start", healthy)
 	pollFor(t, 5*time.Second, "arp answered at start", answeredBy(hostVIP1, ifMAC()))
 	pollFor(t, 5*time.Second, "ndp answered at start", answeredNDP(t, hostVIP6, ifMAC()))
+	// At rest, with nothing wrong, the host polls nothing: it checks on
+	// events only (one stray link event is allowed; a periodic check would
+	// have run twice).
+	before, rest := h.checks.Load(), 5*hostRecheck/2
+	time.Sleep(rest)
+	if n := h.checks.Load() - before; n > 1 {
+		t.Errorf("%d host checks in %v at rest; want none", n, rest)
+	}
 
 	ipCmd(t, "link", "set", "dev", hostTestIf, "down")
 	ipCmd(t, "link", "set", "dev", hostTestIf, "up")

@@ -17,9 +17,10 @@ import (
 	"github.com/shoalnet/shoal/rules"
 )
 
-// hostRecheck is how often the host checks the interface when no link
-// event came: a backstop for a missed event and the retry of a failed
-// repair.
+// hostRecheck is how often the host checks the interface and lo again while
+// something is wrong: the retry of a failed repair. At rest, with nothing
+// wrong, it checks only on a link event or an address change on lo (an idle
+// agent polls nothing).
 const hostRecheck = time.Second
 
 // arpReopenPause: a responder (ARP or NDP) that fails again this soon
@@ -150,10 +151,10 @@ func (h *host) ndpCounters() map[string]uint64 {
 }
 
 func (h *host) run(ctx context.Context, changed func()) {
-	updates, endSub := h.subscribe()
+	ev, endSub := h.subscribe()
 	defer func() { endSub() }()
-	tick := time.NewTicker(hostRecheck)
-	defer tick.Stop()
+	recheck := time.NewTimer(hostRecheck)
+	defer recheck.Stop()
 	for {
 		var arpDone, ndpDone <-chan struct{}
 		if h.arp != nil {
@@ -162,19 +163,32 @@ func (h *host) run(ctx context.Context, changed func()) {
 		if h.ndp != nil {
 			ndpDone = h.ndp.done
 		}
+		// Check again later only while something is wrong.
+		var again <-chan time.Time
+		if !h.settled() {
+			again = recheck.C
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case u, ok := <-updates:
+		case u, ok := <-ev.links:
 			if !ok { // the subscription failed: subscribe again, after a pause
 				endSub()
-				select {
-				case <-ctx.Done():
+				if !pause(ctx) {
 					return
-				case <-tick.C:
 				}
-				updates, endSub = h.subscribe()
+				ev, endSub = h.subscribe()
 			} else if u.Attrs().Name != h.ifname && int(u.Index) != h.ifindex {
+				continue
+			}
+		case u, ok := <-ev.addrs:
+			if !ok {
+				endSub()
+				if !pause(ctx) {
+					return
+				}
+				ev, endSub = h.subscribe()
+			} else if u.LinkIndex != ev.lo {
 				continue
 			}
 		case set := <-h.vipsCh:
@@ -187,6 +201,7 @@ func (h *host) run(ctx context.Context, changed func()) {
 			h.arp = nil
 			if again {
 				h.publish()
+				recheck.Reset(hostRecheck)
 				continue // again at once: wait for the next check
 			}
 		case <-ndpDone:
@@ -195,11 +210,31 @@ func (h *host) run(ctx context.Context, changed func()) {
 			h.ndp = nil
 			if again {
 				h.publish()
+				recheck.Reset(hostRecheck)
 				continue // again at once: wait for the next check
 			}
-		case <-tick.C:
+		case <-again:
 		}
 		h.sync(changed)
+		recheck.Reset(hostRecheck)
+	}
+}
+
+// settled reports whether the host has nothing to repair or retry (sync
+// found it healthy; a failed subscription comes back as closed channels).
+func (h *host) settled() bool {
+	return h.status.Load().ok
+}
+
+// pause waits hostRecheck, or returns false when ctx ends first.
+func pause(ctx context.Context) bool {
+	t := time.NewTimer(hostRecheck)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -215,30 +250,55 @@ func (h *host) responderFailed(r *responder, restarts *atomic.Uint64, failed *ti
 	return again
 }
 
-// subscribe subscribes to link events; end cancels the subscription and
-// waits for the library to let go of the channel.
-func (h *host) subscribe() (<-chan netlink.LinkUpdate, func()) {
-	ch := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) { h.log.Debug("link events", "err", err) },
-	})
+// hostEvents are the netlink events the host follows: links (the cluster
+// interface) and addresses (a VIP taken off lo).
+type hostEvents struct {
+	links <-chan netlink.LinkUpdate
+	addrs <-chan netlink.AddrUpdate
+	lo    int // lo's index
+}
+
+// subscribe subscribes to link and address events; end cancels the
+// subscriptions and waits for the library to let go of the channels. If
+// either cannot be had, both channels come closed (run subscribes again).
+func (h *host) subscribe() (hostEvents, func()) {
+	links := make(chan netlink.LinkUpdate, 64)
+	addrs := make(chan netlink.AddrUpdate, 64)
+	linksDone, addrsDone := make(chan struct{}), make(chan struct{})
+	lo, err := netlink.LinkByName("lo")
 	if err != nil {
-		h.note("subscribe", fmt.Errorf("watch link events: %w", err))
-		close(done)
-		closed := make(chan netlink.LinkUpdate)
-		close(closed)
-		return closed, func() {}
+		err = fmt.Errorf("find lo: %w", err)
+	} else if err = netlink.LinkSubscribeWithOptions(links, linksDone, netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) { h.log.Debug("link events", "err", err) },
+	}); err != nil {
+		err = fmt.Errorf("watch link events: %w", err)
+	} else if err = netlink.AddrSubscribeWithOptions(addrs, addrsDone, netlink.AddrSubscribeOptions{
+		ErrorCallback: func(err error) { h.log.Debug("address events", "err", err) },
+	}); err != nil {
+		close(linksDone)
+		for range links { // the library closes it once its socket is closed
+		}
+		err = fmt.Errorf("watch address events: %w", err)
+	}
+	if err != nil {
+		h.note("subscribe", err)
+		closedLinks, closedAddrs := make(chan netlink.LinkUpdate), make(chan netlink.AddrUpdate)
+		close(closedLinks)
+		close(closedAddrs)
+		return hostEvents{links: closedLinks, addrs: closedAddrs}, func() {}
 	}
 	h.note("subscribe", nil)
 	var once bool
-	return ch, func() {
+	return hostEvents{links: links, addrs: addrs, lo: lo.Attrs().Index}, func() {
 		if once {
 			return
 		}
 		once = true
-		close(done)
-		for range ch { // the library closes ch once its socket is closed
+		close(linksDone)
+		close(addrsDone)
+		for range links { // the library closes each channel once its socket is closed
+		}
+		for range addrs {
 		}
 	}
 }
@@ -246,6 +306,7 @@ func (h *host) subscribe() (<-chan netlink.LinkUpdate, func()) {
 // sync brings the host in line with the interface and lo as they are now,
 // and publishes the health that results.
 func (h *host) sync(changed func()) {
+	h.checks.Add(1)
 	defer h.publish()
 	link, err := netlink.LinkByName(h.ifname)
 	if err != nil {

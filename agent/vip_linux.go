@@ -76,6 +76,7 @@ type host struct {
 	mac    atomic.Pointer[net.HardwareAddr] // the interface's MAC now
 	pushed atomic.Pointer[net.HardwareAddr] // the MAC the data plane last got
 	status atomic.Pointer[hostStatus]
+	checks atomic.Uint64 // syncs run (tests: none at rest)
 
 	vipsCh     chan vipSet // setVIPs to run, latest wins
 	announceCh chan struct{}
