@@ -3,10 +3,14 @@ package agent
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,7 +23,9 @@ import (
 // applies rules and local changes, and sends heartbeats on time. It never
 // waits for a socket scan, a table push, Raft or an API caller: it hands a
 // memberSnap to the data plane and learns from a pushReport what the kernel
-// holds.
+// holds. It reads the heartbeat socket itself, with its next deadline as
+// the read deadline; whoever hands it anything else interrupts the read
+// (an idle agent then wakes once per heartbeat, not twice).
 //
 // The safety rule it keeps (DESIGN.md, "release at once"): a heartbeat never
 // advertises a state whose tables are not in the kernel. When the machine
@@ -38,10 +44,11 @@ type membership struct {
 	renew       func(d time.Duration) error
 	now         func() time.Time
 
-	msgs    chan received        // from the transport's receive goroutine
+	in      receiver             // heartbeats; nil until run (tests of the core)
 	reports *mailbox[pushReport] // from the data plane
 	ctl     chan func()          // requests from APIs, run on this goroutine
 	wake    chan struct{}        // health changed
+	stopped chan struct{}        // closed when run returns
 
 	// Owned by the goroutine (or by the caller before run starts).
 	machine      *heartbeat.Machine[*lazySet]
@@ -77,6 +84,15 @@ type hbLink interface {
 	Stats() heartbeat.Stats
 }
 
+// receiver is what membership's loop reads heartbeats from: the
+// transport's Receive, whose deadline is the loop's next wake-up, and
+// Interrupt, which every other source of work calls after handing it over.
+type receiver interface {
+	Receive() (*heartbeat.Message, netip.AddrPort, error)
+	SetReceiveDeadline(t time.Time) error
+	Interrupt()
+}
+
 // rulesSource is what the agent needs of the replicated rules.
 type rulesSource interface {
 	State() *rules.State
@@ -110,19 +126,22 @@ type pushReport struct {
 	conns    int
 }
 
-// received is one heartbeat and the address it came from.
-type received struct {
-	msg  *heartbeat.Message
-	from netip.AddrPort
-}
-
 func newMembership(self filter.NodeID, incarnation func() (uint64, error), log *slog.Logger, link hbLink, rs rulesSource, health func() bool) *membership {
-	return &membership{
+	m := &membership{
 		self: self, incarnation: incarnation, log: log, link: link, rules: rs, health: health, now: time.Now,
 		onRules: func(*rules.State) {}, renew: func(time.Duration) error { return nil },
-		msgs: make(chan received, 256), reports: newMailbox[pushReport](),
-		ctl: make(chan func()), wake: make(chan struct{}, 1),
+		reports: newMailbox[pushReport](), ctl: make(chan func(), 16), wake: make(chan struct{}, 1), stopped: make(chan struct{}),
 		cfgs: map[uint64]*filter.Config{}, assigner: &sharedAssigner{}, dpHealthy: true, toDP: newMailbox[*memberSnap](),
+	}
+	m.reports.notify = m.interrupt
+	return m
+}
+
+// interrupt ends the loop's wait for a heartbeat, so that it looks at what
+// was just handed to it.
+func (m *membership) interrupt() {
+	if m.in != nil {
+		m.in.Interrupt()
 	}
 }
 
@@ -239,20 +258,47 @@ func (m *membership) setLocal(now time.Time) {
 	})
 }
 
-// run is the membership goroutine.
-func (m *membership) run(ctx context.Context) {
+// run is the membership goroutine. It returns when ctx ends (nil) or the
+// heartbeat socket fails (closed: nil).
+func (m *membership) run(ctx context.Context) error {
+	defer close(m.stopped)
 	rulesCh, stopSub := m.rules.Subscribe()
 	defer stopSub()
+	// The rules store's notices are handed on, with an interrupt.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	fwd, endFwd := context.WithCancel(ctx)
+	defer endFwd()
+	rulesNote := make(chan struct{}, 1)
+	wg.Go(func() {
+		for {
+			select {
+			case <-fwd.Done():
+				return
+			case <-rulesCh:
+				select {
+				case rulesNote <- struct{}{}:
+				default:
+				}
+				m.interrupt()
+			}
+		}
+	})
+	defer context.AfterFunc(ctx, m.interrupt)()
 	// Changes applied before the subscription started sent no notice.
 	m.applyRules(m.now(), m.rules.State())
-	timer := time.NewTimer(0)
-	defer timer.Stop()
 	var probed <-chan probeResult // nil without a prober: never ready
 	if m.probes != nil {
 		probed = m.probes.results
 		defer m.probes.wait() // ctx has ended: they answer nothing
 	}
+	next := m.now()
 	for {
+		// The deadline first, then a look for work: whatever is handed
+		// over after the look interrupts the read.
+		if err := m.in.SetReceiveDeadline(next); err != nil && !errors.Is(err, net.ErrClosed) {
+			return fmt.Errorf("heartbeat socket: %w", err)
+		}
 		select {
 		case <-ctx.Done():
 			for _, h := range m.handoffs {
@@ -261,10 +307,8 @@ func (m *membership) run(ctx context.Context) {
 			for _, h := range m.restarts {
 				close(h)
 			}
-			return
-		case r := <-m.msgs:
-			m.receive(r.msg, r.from)
-		case <-rulesCh:
+			return nil
+		case <-rulesNote:
 			m.applyRules(m.now(), m.rules.State())
 		case <-m.reports.ready:
 			m.takeReport(m.reports.take())
@@ -273,11 +317,23 @@ func (m *membership) run(ctx context.Context) {
 		case r := <-probed:
 			m.takeProbe(r)
 		case <-m.wake:
-		case <-timer.C:
+		default:
+			msg, from, err := m.in.Receive()
+			switch {
+			case err == nil:
+				m.receive(msg, from)
+			case errors.Is(err, os.ErrDeadlineExceeded):
+			case errors.Is(err, net.ErrClosed):
+				if ctx.Err() != nil {
+					continue // the select above returns
+				}
+				return nil
+			default:
+				return err
+			}
 		}
-		next := m.step(m.now())
+		next = m.step(m.now())
 		m.probeSuspects(ctx)
-		timer.Reset(max(time.Until(next), 0))
 	}
 }
 
@@ -549,6 +605,9 @@ func (m *membership) setPlug(ctx context.Context, pulled bool) error {
 	return err
 }
 
+// errStopped: membership no longer runs.
+var errStopped = errors.New("membership stopped")
+
 // do runs f on the membership goroutine.
 func (m *membership) do(ctx context.Context, f func()) error {
 	done := make(chan struct{})
@@ -556,9 +615,16 @@ func (m *membership) do(ctx context.Context, f func()) error {
 	case m.ctl <- func() { f(); close(done) }:
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-m.stopped:
+		return errStopped
 	}
-	<-done
-	return nil
+	m.interrupt()
+	select {
+	case <-done:
+		return nil
+	case <-m.stopped:
+		return errStopped
+	}
 }
 
 func (m *membership) poke() {
@@ -566,13 +632,15 @@ func (m *membership) poke() {
 	case m.wake <- struct{}{}:
 	default:
 	}
+	m.interrupt()
 }
 
 // mailbox passes the latest value of something from one goroutine to
 // another: put never blocks and replaces what was not taken yet.
 type mailbox[T any] struct {
-	ready chan struct{}
-	v     atomic.Pointer[T]
+	ready  chan struct{}
+	v      atomic.Pointer[T]
+	notify func() // called after every put, if set before the first
 }
 
 func newMailbox[T any]() *mailbox[T] { return &mailbox[T]{ready: make(chan struct{}, 1)} }
@@ -582,6 +650,9 @@ func (b *mailbox[T]) put(v T) {
 	select {
 	case b.ready <- struct{}{}:
 	default:
+	}
+	if b.notify != nil {
+		b.notify()
 	}
 }
 

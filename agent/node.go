@@ -66,6 +66,10 @@ func newNode(c nodeConfig) (*node, error) {
 	}
 	if c.Probe != nil {
 		mem.probes = newProber(c.Probe)
+		mem.probes.notify = mem.interrupt
+	}
+	if c.Link != nil {
+		mem.in = c.Link
 	}
 	mem.inherit = c.Inherit
 	if err := mem.start(mem.now()); err != nil {
@@ -91,22 +95,14 @@ func (n *node) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	serveErr := make(chan error, 1)
-	wg.Go(func() {
-		serveErr <- n.link.Serve(func(m *heartbeat.Message, from netip.AddrPort) {
-			select {
-			case n.mem.msgs <- received{m, from}:
-			case <-ctx.Done():
-			}
-		})
-	})
+	memErr := make(chan error, 1)
 	wg.Go(func() { n.trk.run(ctx) })
 	wg.Go(func() { n.rec.run(ctx) })
-	wg.Go(func() { n.mem.run(ctx) })
+	wg.Go(func() { memErr <- n.mem.run(ctx) })
 	var err error
 	select {
 	case <-ctx.Done():
-	case err = <-serveErr:
+	case err = <-memErr:
 		if err != nil {
 			err = fmt.Errorf("heartbeat receiver: %w", err)
 		}

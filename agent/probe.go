@@ -100,12 +100,13 @@ type probeResult struct {
 type prober struct {
 	check   probeCheck
 	results chan probeResult
+	notify  func()          // called after each result is handed over
 	busy    map[uint32]bool // peers being probed; owned by the caller's goroutine
 	wg      sync.WaitGroup
 }
 
 func newProber(check probeCheck) *prober {
-	return &prober{check: check, results: make(chan probeResult, 16), busy: map[uint32]bool{}}
+	return &prober{check: check, results: make(chan probeResult, 16), notify: func() {}, busy: map[uint32]bool{}}
 }
 
 // start probes every suspect not being probed already, at the peer API
@@ -126,6 +127,7 @@ func (p *prober) start(ctx context.Context, suspects []uint32, timeout time.Dura
 			cancel()
 			select {
 			case p.results <- probeResult{id: id, result: r}:
+				p.notify()
 			case <-ctx.Done():
 			}
 		}()

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
+	"time"
 )
 
 // Stats are a Transport's counters, for metrics.
@@ -20,12 +21,13 @@ type Stats struct {
 }
 
 // Transport sends and receives heartbeats over UDP (any PacketConn). It is
-// fed peer addresses; it discovers nothing. Send and Serve may run
-// concurrently.
+// fed peer addresses; it discovers nothing. Send may run concurrently with
+// Serve or Receive (one goroutine receives, by either).
 type Transport struct {
 	conn      net.PacketConn
 	clusterID uint32
 	keys      atomic.Pointer[Keyring]
+	rbuf      []byte // Receive's
 
 	sent, sendErrors, received, accepted atomic.Uint64
 	rejected                             [NumReasons]atomic.Uint64
@@ -88,17 +90,38 @@ func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
 // (pass both to Machine.Receive, which checks that address). It returns nil
 // once closed.
 func (t *Transport) Serve(handle func(msg *Message, from netip.AddrPort)) error {
-	buf := make([]byte, MaxMessageSize+1) // one more, to see oversized datagrams
 	for {
-		n, addr, err := t.conn.ReadFrom(buf)
+		msg, from, err := t.Receive()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return fmt.Errorf("read heartbeat: %w", err)
+			return err
+		}
+		handle(msg, from)
+	}
+}
+
+// Receive waits for the next valid heartbeat and returns it with the
+// address it came from (pass both to Machine.Receive); it counts and skips
+// the rejected ones. It returns an error matching os.ErrDeadlineExceeded
+// when the receive deadline passes or Interrupt is called, and one matching
+// net.ErrClosed once the socket is closed. This lets the goroutine that
+// owns the machine read the socket itself, with its next deadline as the
+// receive deadline, instead of being handed each heartbeat by another
+// goroutine (a wake-up of a second thread per heartbeat, the most of an
+// idle agent's cost besides the wake-ups themselves).
+func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
+	if t.rbuf == nil {
+		t.rbuf = make([]byte, MaxMessageSize+1) // one more, to see oversized datagrams
+	}
+	for {
+		n, addr, err := t.conn.ReadFrom(t.rbuf)
+		if err != nil {
+			return nil, netip.AddrPort{}, fmt.Errorf("read heartbeat: %w", err)
 		}
 		t.received.Add(1)
-		msg, err := Decode(buf[:n], t.keys.Load(), t.clusterID)
+		msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
 		if err != nil {
 			t.Reject(ReasonOf(err))
 			continue
@@ -108,9 +131,21 @@ func (t *Transport) Serve(handle func(msg *Message, from netip.AddrPort)) error 
 		if ua, ok := addr.(*net.UDPAddr); ok {
 			from = ua.AddrPort()
 		}
-		handle(msg, from)
+		return msg, from, nil
 	}
 }
+
+// SetReceiveDeadline sets when a Receive waiting for a heartbeat gives up;
+// the zero time: never.
+func (t *Transport) SetReceiveDeadline(d time.Time) error { return t.conn.SetReadDeadline(d) }
+
+// Interrupt ends a Receive waiting now, or the next one, until the next
+// SetReceiveDeadline: it returns os.ErrDeadlineExceeded. Safe from any
+// goroutine: whoever hands the receiving goroutine work calls it after.
+func (t *Transport) Interrupt() { t.conn.SetReadDeadline(longAgo) }
+
+// longAgo is a deadline that has passed.
+var longAgo = time.Unix(1, 0)
 
 // Reject counts one heartbeat dropped for reason r after decoding.
 func (t *Transport) Reject(r Reason) {
