@@ -16,7 +16,6 @@ import (
 
 	"github.com/shoalnet/shoal/agent"
 	"github.com/shoalnet/shoal/deploy/lab"
-	"github.com/shoalnet/shoal/deploy/lab/load"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 )
@@ -128,17 +127,8 @@ func TestE2EHeartbeatSettings(t *testing.T) {
 		}
 	}
 	w := watchMembership(t, l)
-	loadDone := make(chan load.Result, 1)
-	started := make(chan struct{})
-	go func() {
-		// About as long as the two changes take.
-		r, err := l.Load(context.Background(), lab.LoadArgs{Duration: 6 * time.Second, Concurrency: 4, Rate: 200, Timeout: 3 * time.Second, OnStart: func() { close(started) }}, nil)
-		if err != nil {
-			t.Error(err)
-		}
-		loadDone <- r
-	}()
-	<-started
+	// About as long as the two changes take.
+	waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: 6 * time.Second, Concurrency: 4, Rate: 200, Timeout: 3 * time.Second})
 	for _, c := range []struct {
 		period    time.Duration
 		tolerance int
@@ -169,7 +159,7 @@ func TestE2EHeartbeatSettings(t *testing.T) {
 			}
 		}
 	}
-	r := <-loadDone
+	r := waitLoad()
 	w.end()
 	for i, e := range w.errs {
 		if i == 5 {
@@ -243,16 +233,7 @@ func TestE2EOneWayLink(t *testing.T) {
 	for _, c := range []struct{ deaf, from lab.Host }{{n2, n1}, {n1, n2}} {
 		t.Run(fmt.Sprintf("%s does not hear %s", c.deaf.Name, c.from.Name), func(t *testing.T) {
 			poll(t, 10*time.Second, "three nodes cover every bucket", func() error { return covered(l, "node1", "node2", "node3") })
-			loadDone := make(chan load.Result, 1)
-			started := make(chan struct{})
-			go func() {
-				r, err := l.Load(context.Background(), lab.LoadArgs{Duration: *faultFor + 2*time.Second, Concurrency: 8, Rate: 200, Timeout: 3 * time.Second, OnStart: func() { close(started) }}, nil)
-				if err != nil {
-					t.Error(err)
-				}
-				loadDone <- r
-			}()
-			<-started
+			waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: *faultFor + 2*time.Second, Concurrency: 8, Rate: 200, Timeout: 3 * time.Second})
 			time.Sleep(500 * time.Millisecond)
 			heal := dropHeartbeats(t, l, c.deaf.Name, c.from.Addr)
 			cut := time.Now()
@@ -278,7 +259,7 @@ func TestE2EOneWayLink(t *testing.T) {
 			if settled > bound {
 				t.Errorf("ownership settled %v after the fault, bound %v; last unsettled: %v", settled, bound, why)
 			}
-			r := <-loadDone
+			r := waitLoad()
 			t.Logf("load: %d requests, %d failed, %d delayed by a SYN retransmission; by node %v", r.Requests, r.Failures, r.Delayed, r.ByNode)
 			if r.Requests == 0 || r.Failures*100 > r.Requests {
 				t.Errorf("%d of %d requests failed (%v), want at most 1%%", r.Failures, r.Requests, r.Errors)

@@ -484,6 +484,58 @@ func vipHost(l *lab.Lab) string {
 // dialFromClient opens n connections to the VIP from the client namespace.
 // A socket belongs to the namespace of the thread that creates it, so the
 // dialing goroutine is pinned to a thread moved into the client namespace.
+// dialUntilNode3 opens keep-alive connections from the client to the VIP,
+// 30 at a time, each with a first request, until at least n are on node3
+// (at most 600 in all).
+func dialUntilNode3(t *testing.T, l *lab.Lab, n int) []*heldConn {
+	t.Helper()
+	var conns []*heldConn
+	for len(byNode(conns)["node3"]) < 50 {
+		if len(conns) > 600 {
+			t.Fatalf("600 connections opened, only %d on node3", len(byNode(conns)["node3"]))
+		}
+		batch := dialFromClient(t, l, 30)
+		for _, c := range batch {
+			if err := c.get(vipHost(l)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		conns = append(conns, batch...)
+	}
+	return conns
+}
+
+// startLoad runs l.Load with args from the client in the background and
+// returns once the load has started; wait returns its result. A load that
+// fails, or ends before it starts, ends the test.
+func startLoad(ctx context.Context, t *testing.T, l *lab.Lab, args lab.LoadArgs) (wait func() load.Result) {
+	t.Helper()
+	type out struct {
+		r   load.Result
+		err error
+	}
+	started := make(chan struct{})
+	done := make(chan out, 1)
+	args.OnStart = func() { close(started) }
+	go func() {
+		r, err := l.Load(ctx, args, nil)
+		done <- out{r, err}
+	}()
+	select {
+	case <-started:
+	case o := <-done:
+		t.Fatalf("the load ended before it started: %v", o.err)
+	}
+	return func() load.Result {
+		t.Helper()
+		o := <-done
+		if o.err != nil {
+			t.Fatalf("load: %v", o.err)
+		}
+		return o.r
+	}
+}
+
 func dialFromClient(t *testing.T, l *lab.Lab, n int) []*heldConn {
 	t.Helper()
 	return dialFromClientPort(t, l, n, 0)
@@ -614,33 +666,13 @@ func TestE2EDrainstop(t *testing.T) {
 
 func testDrainstop(t *testing.T, family lab.Family) {
 	l := upLabWith(t, lab.Options{Nodes: 3, Family: family})
-	var conns []*heldConn
-	var h *holder
-	for len(byNode(conns)["node3"]) < 50 {
-		if len(conns) > 600 {
-			t.Fatalf("600 connections opened, only %d on node3", len(byNode(conns)["node3"]))
-		}
-		batch := dialFromClient(t, l, 30)
-		for _, c := range batch {
-			if err := c.get(vipHost(l)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		conns = append(conns, batch...)
-	}
-	h = hold(t, l, conns, 100*time.Millisecond)
+	conns := dialUntilNode3(t, l, 50)
+	h := hold(t, l, conns, 100*time.Millisecond)
 	onNode3 := byNode(conns)["node3"]
 	t.Logf("%d long-lived connections, %d on node3", len(conns), len(onNode3))
 
-	loadDone := make(chan load.Result, 1)
-	loadStart := time.Now()
-	go func() {
-		r, err := l.Load(context.Background(), lab.LoadArgs{Duration: 8 * time.Second, Concurrency: 4, Timeout: 5 * time.Second}, nil)
-		if err != nil {
-			t.Error(err)
-		}
-		loadDone <- r
-	}()
+	waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: 8 * time.Second, Concurrency: 4, Timeout: 5 * time.Second})
+	loadStart := time.Now() // the load's timeline counts from its start
 	time.Sleep(time.Second)
 	drainStart := time.Since(loadStart)
 	type result struct {
@@ -691,7 +723,7 @@ func testDrainstop(t *testing.T, family lab.Family) {
 	if err != nil || st.Admin != "stopped" {
 		t.Errorf("node3 after drainstop: %+v, %v; want stopped", st, err)
 	}
-	res := <-loadDone
+	res := waitLoad()
 	if res.Failures != 0 {
 		t.Errorf("%d of %d new-connection requests failed during the drain: %v %v", res.Failures, res.Requests, res.Errors, res.FailureList)
 	}
@@ -729,14 +761,7 @@ func testJoinWeightLeaveKeepConnections(t *testing.T, family lab.Family) {
 	poll(t, 10*time.Second, "two nodes cover every bucket", func() error { return covered(l, "node1", "node2") })
 
 	h := hold(t, l, dialFromClient(t, l, 60), 100*time.Millisecond)
-	loadDone := make(chan load.Result, 1)
-	go func() {
-		r, err := l.Load(context.Background(), lab.LoadArgs{Duration: 6 * time.Second, Concurrency: 4, Timeout: 5 * time.Second}, nil)
-		if err != nil {
-			t.Error(err)
-		}
-		loadDone <- r
-	}()
+	waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: 6 * time.Second, Concurrency: 4, Timeout: 5 * time.Second})
 
 	startAgent(t, l, "node3") // joins again
 	poll(t, 20*time.Second, "three nodes cover every bucket", func() error { return covered(l, "node1", "node2", "node3") })
@@ -751,7 +776,7 @@ func testJoinWeightLeaveKeepConnections(t *testing.T, family lab.Family) {
 		}
 		return covered(l, "node1", "node2", "node3")
 	})
-	res := <-loadDone
+	res := waitLoad()
 	if res.Failures != 0 {
 		t.Errorf("%d of %d new-connection requests failed during join and weight change: %v", res.Failures, res.Requests, res.Errors)
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/deploy/lab"
-	"github.com/shoalnet/shoal/deploy/lab/load"
 )
 
 // TestE2EHitlessRestart: `shoal restart`, SIGTERM (what `systemctl
@@ -32,30 +31,11 @@ func TestE2EHitlessRestart(t *testing.T) {
 
 func testHitlessRestart(t *testing.T, family lab.Family) {
 	l := upLabWith(t, lab.Options{Nodes: 3, Family: family})
-	var conns []*heldConn
-	for len(byNode(conns)["node3"]) < 50 {
-		if len(conns) > 600 {
-			t.Fatalf("600 connections opened, only %d on node3", len(byNode(conns)["node3"]))
-		}
-		batch := dialFromClient(t, l, 30)
-		for _, c := range batch {
-			if err := c.get(vipHost(l)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		conns = append(conns, batch...)
-	}
+	conns := dialUntilNode3(t, l, 50)
 	h := hold(t, l, conns, 100*time.Millisecond)
 	t.Logf("%d keep-alive connections, %d on node3", len(conns), len(byNode(conns)["node3"]))
 
-	loadDone := make(chan load.Result, 1)
-	go func() {
-		r, err := l.Load(context.Background(), lab.LoadArgs{Duration: 10 * time.Second, Concurrency: 4, Timeout: 5 * time.Second}, nil)
-		if err != nil {
-			t.Error(err)
-		}
-		loadDone <- r
-	}()
+	waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: 10 * time.Second, Concurrency: 4, Timeout: 5 * time.Second})
 	p := proc(t, l, "node3", "agent")
 	for _, tc := range []struct {
 		name, want string
@@ -86,7 +66,7 @@ func testHitlessRestart(t *testing.T, family lab.Family) {
 			t.Errorf("%s: node3's log does not say %q", tc.name, tc.want)
 		}
 	}
-	res := <-loadDone
+	res := waitLoad()
 	t.Logf("load: %d requests, %d failed, %d delayed by a SYN retransmission", res.Requests, res.Failures, res.Delayed)
 	if res.Failures != 0 {
 		t.Errorf("%d of %d new-connection requests failed across the restarts: %v %v", res.Failures, res.Requests, res.Errors, res.FailureList)

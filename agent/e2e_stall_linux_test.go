@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/deploy/lab"
-	"github.com/shoalnet/shoal/deploy/lab/load"
 )
 
 // TestE2EStallSIGSTOP: node3's agent is stopped with SIGSTOP for 3 s, then
@@ -45,16 +44,7 @@ func TestE2EStallSIGSTOP(t *testing.T) {
 	h := hold(t, l, conns, 100*time.Millisecond)
 	agentPID := proc(t, l, "node3", "agent").PID
 	t.Cleanup(func() { syscall.Kill(agentPID, syscall.SIGCONT) })
-	loadDone := make(chan load.Result, 1)
-	started := make(chan struct{})
-	go func() {
-		r, err := l.Load(context.Background(), lab.LoadArgs{Duration: 6 * time.Second, Concurrency: 4, Rate: 200, Timeout: 3 * time.Second, OnStart: func() { close(started) }}, nil)
-		if err != nil {
-			t.Error(err)
-		}
-		loadDone <- r
-	}()
-	<-started
+	waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: 6 * time.Second, Concurrency: 4, Rate: 200, Timeout: 3 * time.Second})
 	time.Sleep(500 * time.Millisecond)
 	if err := syscall.Kill(agentPID, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -66,7 +56,7 @@ func TestE2EStallSIGSTOP(t *testing.T) {
 	if err := syscall.Kill(agentPID, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	r := <-loadDone
+	r := waitLoad()
 	poll(t, 10*time.Second, "node3 back", func() error { return covered(l, "node1", "node2", "node3") })
 	if st, err := client(t, l, "node3").Status(context.Background()); err != nil {
 		t.Error(err)

@@ -21,7 +21,6 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/shoalnet/shoal/deploy/lab"
-	"github.com/shoalnet/shoal/deploy/lab/load"
 )
 
 // inClientNamespace runs f on a thread in the lab client's namespace:
@@ -193,21 +192,7 @@ func TestE2ELinkFlapUnderLoad(t *testing.T) {
 	for _, h := range l.Nodes {
 		before[h.Name] = replied(t, l, h.Name)
 	}
-	type loaded struct {
-		r   load.Result
-		err error
-	}
-	loadDone := make(chan loaded, 1)
-	started := make(chan struct{})
-	go func() {
-		r, err := l.Load(ctx, lab.LoadArgs{Duration: 5 * time.Second, Concurrency: 4, Timeout: 2 * time.Second, OnStart: func() { close(started) }}, nil)
-		loadDone <- loaded{r, err}
-	}()
-	select {
-	case <-started:
-	case r := <-loadDone:
-		t.Fatalf("load: %v", r.err)
-	}
+	waitLoad := startLoad(ctx, t, l, lab.LoadArgs{Duration: 5 * time.Second, Concurrency: 4, Timeout: 2 * time.Second})
 	for _, h := range l.Nodes {
 		for _, state := range []string{"down", "up"} {
 			if out, err := exec.Command("ip", "-n", h.Namespace, "link", "set", lab.Interface, state).CombinedOutput(); err != nil {
@@ -217,28 +202,25 @@ func TestE2ELinkFlapUnderLoad(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 	}
 	lastUp := time.Now()
-	during := <-loadDone
-	if during.err != nil {
-		t.Fatal(during.err)
-	}
+	during := waitLoad()
 	// Once the last link has been up for a second, no request may fail:
 	// those the load started from then on, and a new load after it.
-	settle := lastUp.Add(time.Second).Sub(during.r.Start)
+	settle := lastUp.Add(time.Second).Sub(during.Start)
 	var late, lateFailed, failed int
-	for _, f := range during.r.FailureList {
+	for _, f := range during.FailureList {
 		if f.Class != "" && time.Duration(f.AtMS*float64(time.Millisecond)) >= settle {
 			lateFailed++
 		}
 	}
-	for _, sl := range during.r.Timeline {
+	for _, sl := range during.Timeline {
 		failed += sl.Failures
 		if time.Duration(sl.AtMS*float64(time.Millisecond)) >= settle {
 			late += sl.Successes + sl.Failures
 		}
 	}
-	t.Logf("during the flaps: %d of %d requests failed; %d started a second or more after the last link came up, %d of them failed", failed, during.r.Requests, late, lateFailed)
-	if late == 0 || lateFailed != 0 || during.r.FailuresDropped != 0 {
-		t.Errorf("requests started a second after the last link came up: %d, %d failed (%d failures not listed)", late, lateFailed, during.r.FailuresDropped)
+	t.Logf("during the flaps: %d of %d requests failed; %d started a second or more after the last link came up, %d of them failed", failed, during.Requests, late, lateFailed)
+	if late == 0 || lateFailed != 0 || during.FailuresDropped != 0 {
+		t.Errorf("requests started a second after the last link came up: %d, %d failed (%d failures not listed)", late, lateFailed, during.FailuresDropped)
 	}
 	r := loadRun(t, l, lab.LoadArgs{Duration: 2 * time.Second, Concurrency: 8, Timeout: 3 * time.Second})
 	if r.Failures != 0 || r.Successes == 0 {

@@ -363,14 +363,14 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 		t.Errorf("%d host checks in %v at rest; want none", n, rest)
 	}
 
-	ipCmd(t, "link", "set", "dev", hostTestIf, "down")
-	ipCmd(t, "link", "set", "dev", hostTestIf, "up")
+	mustIP(t, "link", "set", "dev", hostTestIf, "down")
+	mustIP(t, "link", "set", "dev", hostTestIf, "up")
 	pollFor(t, 5*time.Second, "arp answered after link down and up", answeredBy(hostVIP1, ifMAC()))
 	pollFor(t, 5*time.Second, "ndp answered after link down and up", answeredNDP(t, hostVIP6, ifMAC()))
 	t.Logf("arp counters after the flap: %v", h.arpCounters())
 
 	newMAC := net.HardwareAddr{0x02, 0x5e, 0x10, 0x00, 0x00, 0x99}
-	ipCmd(t, "link", "set", "dev", hostTestIf, "address", newMAC.String())
+	mustIP(t, "link", "set", "dev", hostTestIf, "address", newMAC.String())
 	pollFor(t, 5*time.Second, "the agent told of the new mac", func() error {
 		if !bytes.Equal(h.MAC(), newMAC) {
 			return fmt.Errorf("host mac %s", h.MAC())
@@ -390,16 +390,16 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	pollFor(t, 5*time.Second, "arp replies from the new mac", answeredBy(hostVIP1, newMAC))
 	pollFor(t, 5*time.Second, "ndp replies from the new mac", answeredNDP(t, hostVIP6, newMAC))
 
-	ipCmd(t, "link", "del", hostTestIf)
+	mustIP(t, "link", "del", hostTestIf)
 	pollFor(t, 5*time.Second, "unhealthy without the interface", func() error {
 		if healthy() == nil {
 			return fmt.Errorf("healthy")
 		}
 		return nil
 	})
-	ipCmd(t, "link", "add", hostTestIf, "type", "veth", "peer", "name", hostTestPeer)
-	ipCmd(t, "link", "set", hostTestIf, "up")
-	ipCmd(t, "link", "set", hostTestPeer, "up")
+	mustIP(t, "link", "add", hostTestIf, "type", "veth", "peer", "name", hostTestPeer)
+	mustIP(t, "link", "set", hostTestIf, "up")
+	mustIP(t, "link", "set", hostTestPeer, "up")
 	pollFor(t, 5*time.Second, "healthy on the recreated interface", func() error {
 		if !bytes.Equal(h.MAC(), ifMAC()) {
 			return fmt.Errorf("host mac %s, interface %s", h.MAC(), ifMAC())
@@ -409,10 +409,10 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	})
 	pollFor(t, 5*time.Second, "arp answered on the recreated interface", answeredBy(hostVIP1, ifMAC()))
 	pollFor(t, 5*time.Second, "ndp answered on the recreated interface", answeredNDP(t, hostVIP6, ifMAC()))
-	if out := ipCmd(t, "-6", "maddr", "show", "dev", hostTestIf); !strings.Contains(out, solicitedNode(hostVIP6).String()) {
+	if out := mustIP(t, "-6", "maddr", "show", "dev", hostTestIf); !strings.Contains(out, solicitedNode(hostVIP6).String()) {
 		t.Errorf("solicited-node group not joined on the recreated interface:\n%s", out)
 	}
-	if out := ipCmd(t, "link", "show", "dev", hostTestIf); !strings.Contains(out, "xdp") {
+	if out := mustIP(t, "link", "show", "dev", hostTestIf); !strings.Contains(out, "xdp") {
 		t.Errorf("xdp not attached to the recreated interface: %s", out)
 	}
 	for name, want := range map[string]string{"arp_ignore": "1", "arp_announce": "2", "drop_unicast_in_l2_multicast": "1"} {
@@ -425,7 +425,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	}
 
 	onLo := func(vip netip.Addr) bool {
-		return strings.Contains(ipCmd(t, "-4", "addr", "show", "dev", "lo"), " "+vip.String()+"/32")
+		return strings.Contains(mustIP(t, "-4", "addr", "show", "dev", "lo"), " "+vip.String()+"/32")
 	}
 	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6}, "")
 	h.setVIPs([]netip.Addr{hostVIP1, hostVIP3, hostVIP6}, "") // again: changes nothing
@@ -433,7 +433,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	if !onLo(hostVIP3) {
 		t.Error("vip added at runtime not on lo")
 	}
-	ipCmd(t, "addr", "del", hostVIP3.String()+"/32", "dev", "lo") // by hand: the host puts it back
+	mustIP(t, "addr", "del", hostVIP3.String()+"/32", "dev", "lo") // by hand: the host puts it back
 	pollFor(t, 5*time.Second, "a vip taken off lo put back", func() error {
 		if !onLo(hostVIP3) {
 			return fmt.Errorf("%s not on lo", hostVIP3)
@@ -445,7 +445,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 		if onLo(hostVIP1) {
 			return fmt.Errorf("%s still on lo", hostVIP1)
 		}
-		if strings.Contains(ipCmd(t, "-6", "addr", "show", "dev", "lo"), hostVIP6.String()) {
+		if strings.Contains(mustIP(t, "-6", "addr", "show", "dev", "lo"), hostVIP6.String()) {
 			return fmt.Errorf("%s still on lo", hostVIP6)
 		}
 		return nil
@@ -453,7 +453,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	if nas := solicit(t, "", hostVIP6, 300*time.Millisecond); len(nas) != 0 {
 		t.Errorf("ndp still answered for the removed vip %s: %v", hostVIP6, nas)
 	}
-	if out := ipCmd(t, "-6", "maddr", "show", "dev", hostTestIf); strings.Contains(out, solicitedNode(hostVIP6).String()) {
+	if out := mustIP(t, "-6", "maddr", "show", "dev", hostTestIf); strings.Contains(out, solicitedNode(hostVIP6).String()) {
 		t.Errorf("solicited-node group of the removed vip still joined:\n%s", out)
 	}
 	if _, err := askARP(hostVIP1, rules.MACMulticast); err == nil {
@@ -467,7 +467,7 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	// igmp mode at runtime: ARP answers with the group's MAC, the
 	// interface joined the group (so the kernel answers IGMP queries) and
 	// holds the new MAC, not the old one; back to multicast undoes it.
-	maddr := func() string { return ipCmd(t, "maddr", "show", "dev", hostTestIf) }
+	maddr := func() string { return mustIP(t, "maddr", "show", "dev", hostTestIf) }
 	igmpMAC, group := ClusterMAC(hostVIP3, rules.MACIGMP).String(), rules.IGMPGroup(hostVIP3).String()
 	mcastMAC := ClusterMAC(hostVIP3, rules.MACMulticast).String()
 	mld, mldMAC := rules.IGMPGroup(hostVIP6).String(), ClusterMAC(hostVIP6, rules.MACIGMP).String()
@@ -521,11 +521,6 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	if got := h.ndpCounters()["rate_limited"]; got != limited6+1 {
 		t.Errorf("ndp rate_limited %d, want %d", got, limited6+1)
 	}
-}
-
-func ipCmd(t *testing.T, args ...string) string {
-	t.Helper()
-	return mustIP(t, args...)
 }
 
 func pollFor(t *testing.T, timeout time.Duration, what string, check func() error) {

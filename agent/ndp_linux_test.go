@@ -259,7 +259,7 @@ func TestHostRestartKeepsGroupsInNamespace(t *testing.T) {
 		b := solicitedNode(hostVIP6).As16()
 		return net.HardwareAddr{0x33, 0x33, b[12], b[13], b[14], b[15]}
 	}()
-	maddr := func() string { return ipCmd(t, "maddr", "show", "dev", hostTestIf) }
+	maddr := func() string { return mustIP(t, "maddr", "show", "dev", hostTestIf) }
 	vips := vipSet{[]netip.Addr{hostVIP1, hostVIP6}, ""}
 	h, err := setupHost(hostConfig{Interface: hostTestIf, DataDir: dataDir, VIPs: vips.vips})
 	if err != nil {
