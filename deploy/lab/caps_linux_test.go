@@ -64,21 +64,9 @@ func TestAgentLeastPrivilege(t *testing.T) {
 	for _, c := range caps {
 		want |= 1 << capBits[c]
 	}
-	for _, p := range l.Procs {
-		if p.Role != "agent" {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-				got, _ := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-				if got != want {
-					t.Errorf("agent of %s has capabilities %x, want %x (%v)", p.Host, got, want, caps)
-				}
-			}
+	for host, v := range agentProcStatus(t, l, "CapEff") {
+		if got, _ := strconv.ParseUint(v, 16, 64); got != want {
+			t.Errorf("agent of %s has capabilities %x, want %x (%v)", host, got, want, caps)
 		}
 	}
 	// The VIP answers from the client.

@@ -451,6 +451,18 @@ func flood(dial dialFunc, targets []string, d time.Duration) error {
 func agentRSS(t *testing.T, l *Lab) map[string]int {
 	t.Helper()
 	out := map[string]int{}
+	for host, v := range agentProcStatus(t, l, "VmRSS") {
+		out[host], _ = strconv.Atoi(strings.TrimSuffix(v, " kB"))
+	}
+	return out
+}
+
+// agentProcStatus returns, by host, the value of field (such as VmRSS or
+// CapEff) in the /proc/PID/status of the host's agent; a field it lacks
+// ends the test.
+func agentProcStatus(t *testing.T, l *Lab, field string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
 	for _, p := range l.Procs {
 		if p.Role != "agent" {
 			continue
@@ -460,9 +472,12 @@ func agentRSS(t *testing.T, l *Lab) map[string]int {
 			t.Fatalf("agent of %s: %v", p.Host, err)
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				out[p.Host], _ = strconv.Atoi(f[1])
+			if v, ok := strings.CutPrefix(line, field+":"); ok {
+				out[p.Host] = strings.TrimSpace(v)
 			}
+		}
+		if _, ok := out[p.Host]; !ok {
+			t.Fatalf("agent of %s: no %s in /proc/%d/status", p.Host, field, p.PID)
 		}
 	}
 	return out
