@@ -37,23 +37,23 @@ type staticRules struct{ st *rules.State }
 func (s staticRules) State() *rules.State                  { return s.st }
 func (s staticRules) Subscribe() (<-chan struct{}, func()) { return nil, func() {} }
 
-// memberPair is nodes 1 and 2 of a twoNodeRules state as members on a
-// virtual clock, now: each sends into the other's inbox, which the test
-// delivers when it chooses.
+// memberPair is nodes 1 and 2 of a twoNodeRules state as members on the
+// test's virtual clock (*now): each sends into the other's inbox, which
+// the test delivers when it chooses.
 type memberPair struct {
-	now   time.Time
+	now   *time.Time
 	ms    [2]*membership
 	links [2]*pipeLink
 	inbox [2][]*heartbeat.Message
 }
 
-// newMemberPair starts the two members of st at 1000 s; prepare, when
-// set, runs on each member before it starts.
-func newMemberPair(t *testing.T, st *rules.State, prepare func(i int, m *membership)) *memberPair {
+// newMemberPair starts the two members of st at *now; prepare, when set,
+// runs on each member before it starts.
+func newMemberPair(t *testing.T, st *rules.State, now *time.Time, prepare func(i int, m *membership)) *memberPair {
 	t.Helper()
-	p := &memberPair{now: time.Unix(1000, 0)}
+	p := &memberPair{now: now}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	clock := func() time.Time { return p.now }
+	clock := func() time.Time { return *p.now }
 	for i := range p.ms {
 		p.links[i] = &pipeLink{inbox: &p.inbox[1-i], now: clock}
 		m := newMembership(filter.NodeID(i+1), testIncarnation, log, p.links[i], staticRules{st}, func() bool { return true })
@@ -61,7 +61,7 @@ func newMemberPair(t *testing.T, st *rules.State, prepare func(i int, m *members
 		if prepare != nil {
 			prepare(i, m)
 		}
-		if err := m.start(p.now); err != nil {
+		if err := m.start(*p.now); err != nil {
 			t.Fatal(err)
 		}
 		p.ms[i] = m
@@ -84,7 +84,7 @@ func (p *memberPair) deliver(i int) {
 func (p *memberPair) step() {
 	for i, m := range p.ms {
 		p.deliver(i)
-		m.step(p.now)
+		m.step(*p.now)
 		m.takeReport(pushReport{snap: m.snap.Load(), ok: true, healthy: true})
 	}
 }
@@ -119,16 +119,17 @@ func TestRulesAndViewApplyInOrder(t *testing.T) {
 	acquired := 0
 	for at := 0; at <= 80; at++ {
 		t.Run(fmt.Sprintf("change at %v", time.Duration(at)*dt), func(t *testing.T) {
-			p := newMemberPair(t, r1, nil)
+			now := time.Unix(1000, 0)
+			p := newMemberPair(t, r1, &now, nil)
 			ms := p.ms
 			prev := [2]filter.Set{{}, {}}
 			for tick := 0; tick < 200; tick++ {
-				p.now = p.now.Add(dt)
+				now = now.Add(dt)
 				if tick == at {
-					ms[0].applyRules(p.now, r2)
+					ms[0].applyRules(now, r2)
 				}
 				if tick == at+30 {
-					ms[1].applyRules(p.now, r2)
+					ms[1].applyRules(now, r2)
 				}
 				p.step()
 				var acc [2]filter.Set
@@ -209,13 +210,14 @@ func TestHeartbeatSettingsAtRuntime(t *testing.T) {
 	r2 := twoNodeRules(6, 50, 50)
 	r2.Settings.HeartbeatPeriod, r2.Settings.HeartbeatTolerance = 40*time.Millisecond, 8
 	var leases [2][]time.Duration
-	p := newMemberPair(t, r1, func(i int, m *membership) {
+	now := time.Unix(1000, 0)
+	p := newMemberPair(t, r1, &now, func(i int, m *membership) {
 		m.renew = func(d time.Duration) error { leases[i] = append(leases[i], d); return nil }
 	})
 	ms, links := p.ms, p.links
 	run := func(d time.Duration, each func()) {
-		for end := p.now.Add(d); p.now.Before(end); {
-			p.now = p.now.Add(dt)
+		for end := now.Add(d); now.Before(end); {
+			now = now.Add(dt)
 			p.step()
 			if each != nil {
 				each()
@@ -229,16 +231,16 @@ func TestHeartbeatSettingsAtRuntime(t *testing.T) {
 			t.Fatalf("node %d before the change: converged %v view %v period %v", i+1, st.Converged, st.View.Eligible, st.Period)
 		}
 	}
-	ms[0].applyRules(p.now, r2)
-	changed := p.now
+	ms[0].applyRules(now, r2)
+	changed := now
 	run(30*time.Millisecond, nil)
-	ms[1].applyRules(p.now, r2)
+	ms[1].applyRules(now, r2)
 	sentBefore := [2]int{len(links[0].sent), len(links[1].sent)}
 	run(3*time.Second, func() {
 		for i, m := range ms {
 			st := m.snap.Load().hb
 			if !slices.Equal(st.View.Eligible, both) {
-				t.Fatalf("node %d: view %v %v after the change, want both nodes", i+1, st.View.Eligible, p.now.Sub(changed))
+				t.Fatalf("node %d: view %v %v after the change, want both nodes", i+1, st.View.Eligible, now.Sub(changed))
 			}
 		}
 	})
@@ -251,7 +253,7 @@ func TestHeartbeatSettingsAtRuntime(t *testing.T) {
 		sent := links[i].sent[sentBefore[i]:]
 		var gaps []time.Duration
 		for k := 1; k < len(sent); k++ {
-			if p.now.Sub(sent[k]) < time.Second {
+			if now.Sub(sent[k]) < time.Second {
 				gaps = append(gaps, sent[k].Sub(sent[k-1]))
 			}
 		}
@@ -391,10 +393,11 @@ func TestHeartbeatsFallIntoStep(t *testing.T) {
 func TestNewViewAdvertisedOnceItsTablesAreIn(t *testing.T) {
 	const period = 100 * time.Millisecond
 	r1, r2 := twoNodeRules(5, 50, 50), twoNodeRules(6, 90, 10)
-	p := newMemberPair(t, r1, nil)
+	now := time.Unix(1000, 0)
+	p := newMemberPair(t, r1, &now, nil)
 	ms, inbox := p.ms, &p.inbox
 	for tick := 0; tick < 200; tick++ {
-		p.now = p.now.Add(period / 10)
+		now = now.Add(period / 10)
 		p.step()
 	}
 	if s := ms[0].snap.Load(); !s.hb.Converged {
@@ -403,20 +406,20 @@ func TestNewViewAdvertisedOnceItsTablesAreIn(t *testing.T) {
 	// The rules change reaches node 1 a period after its last heartbeat:
 	// its next heartbeat is due, and goes out with the old view, whose
 	// tables are the only ones in the kernel.
-	p.now = ms[0].lastSent.Add(period)
+	now = ms[0].lastSent.Add(period)
 	inbox[1] = nil
-	ms[0].applyRules(p.now, r2)
-	ms[0].step(p.now)
+	ms[0].applyRules(now, r2)
+	ms[0].step(now)
 	if len(inbox[1]) == 0 || inbox[1][len(inbox[1])-1].View.RulesIndex != r1.Index {
 		t.Fatalf("while the new view's tables are pushed, node 1 sent %d heartbeats, want one of the old view (rules %d)", len(inbox[1]), r1.Index)
 	}
 	// A millisecond later the tables are in.
-	p.now = p.now.Add(time.Millisecond)
+	now = now.Add(time.Millisecond)
 	ms[0].takeReport(pushReport{snap: ms[0].snap.Load(), ok: true, healthy: true})
 	sent := len(inbox[1])
-	ms[0].step(p.now)
+	ms[0].step(now)
 	if len(inbox[1]) == sent {
-		t.Fatalf("node 1 sent nothing once the new view's tables were in; its next heartbeat is due %v later", ms[0].machine.NextSend().Sub(p.now))
+		t.Fatalf("node 1 sent nothing once the new view's tables were in; its next heartbeat is due %v later", ms[0].machine.NextSend().Sub(now))
 	}
 	if v := inbox[1][len(inbox[1])-1].View; v.RulesIndex != r2.Index {
 		t.Errorf("the heartbeat sent once the tables were in advertises view %v, want the new one (rules %d)", v, r2.Index)

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -117,16 +116,8 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	now := time.Unix(1000, 0)
 	clock := func() time.Time { return now }
-	var inbox [2][]*heartbeat.Message
-	var ms [2]*membership
-	for i := range ms {
-		m := newMembership(filter.NodeID(i+1), testIncarnation, log, &pipeLink{inbox: &inbox[1-i], now: clock}, staticRules{r}, func() bool { return true })
-		m.now = clock
-		if err := m.start(now); err != nil {
-			t.Fatal(err)
-		}
-		ms[i] = m
-	}
+	p := newMemberPair(t, r, &now, nil)
+	ms, inbox := p.ms, &p.inbox
 	// Node 1's data plane, with a tracker that counts its scans.
 	var scans int
 	trk := newTracker(func([]netip.Addr) ([]conn, error) { scans++; return nil, nil }, log)
@@ -154,11 +145,7 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 				inbox[1] = nil
 				continue
 			}
-			msgs := inbox[i]
-			inbox[i] = nil
-			for _, msg := range msgs {
-				m.receive(msg, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 7001+(1-i))))
-			}
+			p.deliver(i)
 			m.step(now)
 			if i == 1 {
 				m.takeReport(pushReport{snap: m.snap.Load(), ok: true, healthy: true})
