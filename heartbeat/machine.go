@@ -865,10 +865,13 @@ func (m *Machine[S]) heardAll() bool {
 		if p.msg == nil || p.lastHeard.Before(m.listenFrom) {
 			return false
 		}
-		if a, ok := ackOf(p.msg.Acks, m.cfg.Self); m.inheriting && (!ok || a.Incarnation != m.cfg.Incarnation) {
-			// An inheriting node settles early only once every peer hears
-			// it: its first view would otherwise leave out a peer that has
-			// not heard it yet, and that peer would yield all it holds.
+		if a, ok := ackOf(p.msg.Acks, m.cfg.Self); !ok || a.Incarnation != m.cfg.Incarnation {
+			// A node settles early only once every peer hears it: its
+			// first view would otherwise leave out a peer that has not
+			// heard it yet (views hold mutually hearing nodes), and that
+			// peer, hearing it, would yield all it holds until the next
+			// round trip: a joining node blackholed every other node's
+			// new connections for that long.
 			return false
 		}
 	}

@@ -139,9 +139,9 @@ func TestConvergeAndAcquire(t *testing.T) {
 // acquisition is immediate, no periods are waited.
 func TestConvergesOnAcknowledgement(t *testing.T) {
 	h := newHarness(t, 1, 2)
-	h.recv(at(0.1), h.hb(2, 1, 2)) // settles; peer 2 does not hear us yet
-	if st := h.m.Status(); st.Converged || st.View.Has(2) {
-		t.Fatalf("peer not hearing us: converged %v view %v; want false, without it", st.Converged, st.View.Eligible)
+	h.recv(at(0.1), h.hb(2, 1, 2)) // peer 2 does not hear us yet: not settled
+	if st := h.m.Status(); st.Converged || st.Settled || st.View.Has(1) {
+		t.Fatalf("peer not hearing us: settled %v converged %v view %v; want neither, without this node", st.Settled, st.Converged, st.View.Eligible)
 	}
 	h.step(at(0.2))
 	h.recv(at(0.21), h.hb(2, 1, 2)) // hears us now: view {1,2}, acknowledging nothing sent in it
@@ -380,13 +380,16 @@ func TestNotSettledUntilPeersHeard(t *testing.T) {
 		t.Fatal("settled before hearing peer 3")
 	}
 	h.recv(at(0.6), h.hb(3, 3))
-	if st := h.m.Status(); !st.Settled {
-		t.Fatal("not settled after hearing everyone")
+	if st := h.m.Status(); st.Settled {
+		t.Fatal("settled after hearing everyone but before they hear it: its view would leave them out, and they would yield")
 	}
 	h.step(at(0.7))
 	h.recv(at(0.8), h.hb(2, 1, 2, 3))
+	if st := h.m.Status(); st.Settled {
+		t.Fatal("settled before peer 3 hears it")
+	}
 	h.recv(at(0.8), h.hb(3, 1, 2, 3))
-	if st := h.m.Status(); !st.View.Has(1) {
+	if st := h.m.Status(); !st.Settled || !st.View.Has(1) {
 		t.Fatalf("heard by everyone: view %v, want this node in it", st.View.Eligible)
 	}
 	g := newHarness(t, 1, 2)
