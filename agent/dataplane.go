@@ -57,6 +57,8 @@ type reconciler struct {
 	pushedMAC   string
 	pushedView  heartbeat.View
 	pushedSnap  *memberSnap // the snapshot the kernel's tables came from
+	epoch       uint64      // counts tables that released buckets; held is of the latest
+	rescan      bool        // the tables of epoch need a scan once they are in
 	last        plan
 	tablesIndex uint64
 	healthy     bool
@@ -108,7 +110,9 @@ func (r *reconciler) run(ctx context.Context) {
 		case <-r.in.ready:
 			r.snap = r.in.take()
 		case <-r.trk.out.ready:
-			if h := r.trk.out.take(); h.err == nil && r.snap != nil && h.cfg == r.snap.fcfg {
+			// Only a scan begun after the latest tables that released
+			// buckets went in has seen every handshake they let begin.
+			if h := r.trk.out.take(); h.err == nil && r.snap != nil && h.cfg == r.snap.fcfg && h.epoch == r.epoch {
 				r.heldFresh = !h.set.Equal(r.held.set) || h.conns != r.held.conns
 				r.held = h
 			}
@@ -138,17 +142,20 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	if !s.hb.View.Equal(r.scannedView) {
 		r.scannedView = s.hb.View
 		// The view releases buckets (or changed the rules, or these are
-		// the first tables): learn which of them still hold connections
-		// before the tables go in, so that they drain instead of breaking,
-		// and so the heartbeat that advertises the view announces them.
+		// the first tables). Until they are in, this node still answers
+		// SYNs in them, so no scan made before can know its connections:
+		// every bucket that may hold one drains (and is announced so, for
+		// peers to take it dirty), and a scan asked for once the tables
+		// are in says which really do. Nothing waits for that scan (tens
+		// of milliseconds beside 100,000 TIME_WAIT sockets): neither the
+		// heartbeat that advertises the view nor a new owner's push.
 		// Otherwise nothing left the accepting set and the connections
-		// held are where the last scan saw them: a new owner advertises
-		// the view without a scan (which takes tens of milliseconds beside
-		// 100,000 TIME_WAIT sockets) while the buckets wait for it.
+		// held are where the last scan saw them.
 		if r.last.tables == nil || s.hb.Inheriting || r.held.cfg != s.fcfg || releases(r.last.tables, accept.Buckets) {
-			if h := r.trk.scanNow(ctx, s.fcfg, r.polling); h.err == nil {
-				r.held = h
-			}
+			r.epoch++
+			r.held = held{set: mayHold(s.fcfg, r.last.tables, r.held, s.hb.Inheriting), conns: r.held.conns,
+				cfg: s.fcfg, epoch: r.epoch, guess: true}
+			r.rescan = true
 		}
 	}
 	t1 := r.now()
@@ -188,9 +195,9 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	r.last, r.pushedGen, r.pushedView, r.tablesIndex, r.heldFresh = p, s.gen, s.hb.View, s.rs.Index, false
 	r.pushedSnap = s
 	r.pushedMAC = string(mac)
-	if poll := p.draining.Count() > 0; poll != r.polling {
-		r.polling = poll
-		r.trk.setPolling(ctx, s.fcfg, poll)
+	if poll := p.draining.Count() > 0; poll != r.polling || r.rescan {
+		r.polling, r.rescan = poll, false
+		r.trk.request(s.fcfg, poll, r.epoch)
 	}
 	r.out.put(pushReport{snap: s, ok: true, healthy: r.healthy,
 		draining: toHeartbeat(p.draining), conns: r.held.conns})
@@ -241,15 +248,16 @@ func (r *reconciler) publish() {
 		healthy: r.healthy, lastErr: r.lastErr})
 }
 
-// finishDrain stops a draining node once it holds no connections: the last
-// scan, made at or after the view change that drained it, found none.
+// finishDrain stops a draining node once it holds no connections: a scan
+// begun after the tables that drained it went in (so after the last SYN
+// they let it answer) found none.
 func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSnap) {
 	n := s.rs.Node(r.self)
 	if n == nil || n.Admin != rules.AdminDraining {
 		r.stopAsked = time.Time{}
 		return
 	}
-	if r.held.conns > 0 || r.held.cfg != s.fcfg || (!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
+	if r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg || (!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
 		return
 	}
 	r.stopAsked = now
@@ -281,6 +289,28 @@ func (r *reconciler) kernel() kernelState {
 		accept = filter.Grant{Buckets: filter.Set{}, Maps: accept.Maps}
 	}
 	return kernelState{ok: true, accept: accept, peersDraining: dirty, draining: r.last.draining, healthy: s.healthy}
+}
+
+// mayHold is every bucket this node may hold a connection in once tables
+// that release buckets go in, until a scan made after them says: those
+// the last result held and every one the last tables did not leave to
+// others; under other rules, at start and when inheriting, any bucket.
+func mayHold(cfg *filter.Config, last *filter.Tables, h held, inheriting bool) filter.Set {
+	if last == nil || inheriting || h.cfg != cfg || last.Config != cfg {
+		return everything(cfg).Buckets
+	}
+	out := union(h.set, nil)
+	for id, st := range last.States {
+		if st == nil {
+			continue
+		}
+		for b, v := range st {
+			if v != filter.NotOwned {
+				out.Add(id, uint16(b))
+			}
+		}
+	}
+	return out
 }
 
 // releases reports whether tables last accept (OWNED or OWNED_DIRTY) a
