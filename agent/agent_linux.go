@@ -226,13 +226,19 @@ func (a *Agent) healthy() bool {
 }
 
 // handoffTimeout bounds how long a graceful stop waits for the peers to
-// take over this node's buckets before it detaches anyway.
-const handoffTimeout = 2 * time.Second
+// take over this node's buckets before it detaches anyway; connsTimeout
+// how long it then waits for the connections it still serves to end.
+const (
+	handoffTimeout = 2 * time.Second
+	connsTimeout   = 400 * time.Millisecond
+)
 
 // runNode runs the node until ctx ends, then hands off: the node advertises
 // that it is leaving (its tables accept nothing first) and waits, at most
-// handoffTimeout, until every live peer advertises a view without it.
-// Only then does Run tear the host down.
+// handoffTimeout, until every live peer advertises a view without it, and
+// then, at most connsTimeout, until the connections it still serves end
+// (requests in flight: the peers take every new one by then). Only then
+// does Run tear the host down, which cuts what is left.
 func (a *Agent) runNode(ctx context.Context) error {
 	nctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -254,7 +260,12 @@ func (a *Agent) runNode(ctx context.Context) error {
 	start := time.Now()
 	ok := a.node.handoff(hctx)
 	cancel()
-	a.log.Info("handed off", "complete", ok, "took", time.Since(start).Round(time.Millisecond))
+	took := time.Since(start)
+	cctx, cancel := context.WithTimeout(context.Background(), connsTimeout)
+	left := a.node.drained(cctx)
+	cancel()
+	a.log.Info("handed off", "complete", ok, "took", took.Round(time.Millisecond),
+		"connections_cut", left, "waited_for_connections", (time.Since(start) - took).Round(time.Millisecond))
 	stop()
 	return <-done
 }

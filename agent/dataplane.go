@@ -76,6 +76,7 @@ type dataSnap struct {
 	tables      *filter.Tables
 	tablesIndex uint64
 	conns       int
+	counted     bool // conns is a scan's, begun after the latest release
 	healthy     bool
 	lastErr     string
 }
@@ -115,6 +116,7 @@ func (r *reconciler) run(ctx context.Context) {
 			if h := r.trk.out.take(); h.err == nil && r.snap != nil && h.cfg == r.snap.fcfg && h.epoch == r.epoch {
 				r.heldFresh = !h.set.Equal(r.held.set) || h.conns != r.held.conns
 				r.held = h
+				r.publish()
 			}
 		case <-r.wake:
 		case <-timer.C:
@@ -245,19 +247,21 @@ func (r *reconciler) wakeIn(now time.Time) time.Duration {
 
 func (r *reconciler) publish() {
 	r.pub.Store(&dataSnap{tables: r.last.tables, tablesIndex: r.tablesIndex, conns: r.held.conns,
-		healthy: r.healthy, lastErr: r.lastErr})
+		counted: !r.held.guess, healthy: r.healthy, lastErr: r.lastErr})
 }
 
 // finishDrain stops a draining node once it holds no connections: a scan
 // begun after the tables that drained it went in (so after the last SYN
-// they let it answer) found none.
+// they let it answer) found none. It waits for its view (without it) to
+// converge too: the stop is a rules change, which would make the members
+// converge again, and the buckets they are acquiring wait for that.
 func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSnap) {
 	n := s.rs.Node(r.self)
 	if n == nil || n.Admin != rules.AdminDraining {
 		r.stopAsked = time.Time{}
 		return
 	}
-	if r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg || (!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
+	if !s.hb.Converged || r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg || (!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
 		return
 	}
 	r.stopAsked = now

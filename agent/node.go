@@ -129,6 +129,25 @@ func (n *node) handoff(ctx context.Context) bool {
 	}
 }
 
+// drained waits until a scan begun after the node's latest release finds
+// no connection on it, or ctx ends; it returns the connections counted
+// last.
+func (n *node) drained(ctx context.Context) int {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ds := n.rec.pub.Load()
+		if ds.counted && ds.conns == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return ds.conns
+		case <-tick.C:
+		}
+	}
+}
+
 // announceRestart announces a restart window and waits until every live
 // peer has heard it, or ctx ends. It reports whether they all heard it.
 func (n *node) announceRestart(ctx context.Context, window time.Duration) bool {

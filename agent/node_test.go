@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -463,7 +464,15 @@ func TestReleasedBucketsDrainUntilScanned(t *testing.T) {
 		}
 	}
 	n1.dp.watch.Store(&watch)
-	onScan, finish := func() { log("scan") }, func() { log("finish") }
+	// The stop is a rules change, which makes the members converge again:
+	// it waits until they have taken the buckets, so it interrupts nothing.
+	onScan := func() { log("scan") }
+	finish := func() {
+		if hb := n1.n.mem.snap.Load().hb; !hb.Converged {
+			log(fmt.Sprintf("finish before view %v converged", hb.View.Eligible))
+		}
+		log("finish")
+	}
 	n1.onScan.Store(&onScan)
 	n1.finish.Store(&finish)
 
@@ -501,6 +510,11 @@ func TestReleasedBucketsDrainUntilScanned(t *testing.T) {
 		t.Errorf("node 1 dropped %d buckets straight from accepting to not owned on its drain", len(straight))
 	}
 	stopped := slices.Index(events, "stop accepting")
+	for _, e := range events {
+		if strings.HasPrefix(e, "finish before") {
+			t.Errorf("node 1 asked to be stopped before the members converged: %s", e)
+		}
+	}
 	if stopped < 0 || !slices.Contains(events[stopped:slices.Index(events, "finish")], "scan") {
 		t.Errorf("node 1 asked to be stopped without a scan begun after its tables stopped accepting: %v", events)
 	}
