@@ -231,6 +231,19 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 		res.State = Draining
 	}
 	res.Verdict, res.Reason = c.judge(f, res.State)
+	if f.syn && !fr.first && res.Reason != DropDisabled {
+		switch {
+		case [6]byte(frame[0:6]) == c.mac:
+			// Handed over by the bucket's previous owner: this node's.
+			res.Verdict, res.Reason = Accept, NoReason
+		case res.Reason == DropNotOwned || res.Reason == DropDrainNoConn:
+			if to, ok := c.t.handTo(f.rule, bucket); ok {
+				res.Verdict, res.Reason, res.To = HandOver, NoReason, to
+				copy(frame[0:6], to[:])
+				copy(frame[6:12], c.mac[:])
+			}
+		}
+	}
 	if fr.first && c.remember {
 		if c.frags == nil {
 			c.frags = newFragMemory(FragEntries)

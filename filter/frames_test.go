@@ -266,6 +266,28 @@ func (g *gen) tables() *Tables {
 		}
 		t.States[id] = st
 	}
+	if g.rng.IntN(2) == 0 {
+		// Hand-overs: indexes 1-7 and one past the limit; index 5 has no
+		// MAC (the SYN is dropped).
+		t.HandTo = map[RuleID]*[NumBuckets]uint8{}
+		for i := 1; i < 8; i++ {
+			if i != 5 {
+				t.HandMACs[i] = [6]byte{0x02, 0, 0, 0, 1, byte(i)}
+			}
+		}
+		for _, id := range c.RuleIDs() {
+			h := new([NumBuckets]uint8)
+			for b := range h {
+				switch k := g.rng.IntN(40); {
+				case k == 0:
+					h[b] = MaxHandTo + 1
+				case k < 20:
+					h[b] = uint8(g.rng.IntN(8))
+				}
+			}
+			t.HandTo[id] = h
+		}
+	}
 	return t
 }
 

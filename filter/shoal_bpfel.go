@@ -20,7 +20,7 @@ type shoalBucketTable struct {
 
 type shoalCounters struct {
 	_ structs.HostLayout
-	N [6]uint64
+	N [7]uint64
 }
 
 type shoalFragKey struct {
@@ -38,6 +38,11 @@ type shoalFragVerdict struct {
 	Slot   uint16
 	Accept uint8
 	Reason uint8
+}
+
+type shoalHandTable struct {
+	_   structs.HostLayout
+	Mac [64][6]uint8
 }
 
 type shoalHbConf struct {
@@ -98,6 +103,7 @@ const (
 	shoalMapBuckets         = "buckets"
 	shoalMapCounters        = "counters"
 	shoalMapFrags           = "frags"
+	shoalMapHand            = "hand"
 	shoalMapHbConf          = "hb_conf"
 	shoalMapHbDrops         = "hb_drops"
 	shoalMapHbPeers         = "hb_peers"
@@ -167,6 +173,7 @@ type shoalMapSpecs struct {
 	Buckets      *ebpf.MapSpec `ebpf:"buckets"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Frags        *ebpf.MapSpec `ebpf:"frags"`
+	Hand         *ebpf.MapSpec `ebpf:"hand"`
 	HbConf       *ebpf.MapSpec `ebpf:"hb_conf"`
 	HbDrops      *ebpf.MapSpec `ebpf:"hb_drops"`
 	HbPeers      *ebpf.MapSpec `ebpf:"hb_peers"`
@@ -210,6 +217,7 @@ type shoalMaps struct {
 	Buckets      *ebpf.Map `ebpf:"buckets"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Frags        *ebpf.Map `ebpf:"frags"`
+	Hand         *ebpf.Map `ebpf:"hand"`
 	HbConf       *ebpf.Map `ebpf:"hb_conf"`
 	HbDrops      *ebpf.Map `ebpf:"hb_drops"`
 	HbPeers      *ebpf.Map `ebpf:"hb_peers"`
@@ -229,6 +237,7 @@ func (m *shoalMaps) Close() error {
 		m.Buckets,
 		m.Counters,
 		m.Frags,
+		m.Hand,
 		m.HbConf,
 		m.HbDrops,
 		m.HbPeers,

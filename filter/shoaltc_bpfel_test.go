@@ -20,7 +20,7 @@ type shoalTcBucketTable struct {
 
 type shoalTcCounters struct {
 	_ structs.HostLayout
-	N [6]uint64
+	N [7]uint64
 }
 
 type shoalTcFragKey struct {
@@ -38,6 +38,11 @@ type shoalTcFragVerdict struct {
 	Slot   uint16
 	Accept uint8
 	Reason uint8
+}
+
+type shoalTcHandTable struct {
+	_   structs.HostLayout
+	Mac [64][6]uint8
 }
 
 type shoalTcHbConf struct {
@@ -98,6 +103,7 @@ const (
 	shoalTcMapBuckets      = "buckets"
 	shoalTcMapCounters     = "counters"
 	shoalTcMapFrags        = "frags"
+	shoalTcMapHand         = "hand"
 	shoalTcMapHbConf       = "hb_conf"
 	shoalTcMapHbDrops      = "hb_drops"
 	shoalTcMapHbPeers      = "hb_peers"
@@ -165,6 +171,7 @@ type shoalTcMapSpecs struct {
 	Buckets      *ebpf.MapSpec `ebpf:"buckets"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Frags        *ebpf.MapSpec `ebpf:"frags"`
+	Hand         *ebpf.MapSpec `ebpf:"hand"`
 	HbConf       *ebpf.MapSpec `ebpf:"hb_conf"`
 	HbDrops      *ebpf.MapSpec `ebpf:"hb_drops"`
 	HbPeers      *ebpf.MapSpec `ebpf:"hb_peers"`
@@ -208,6 +215,7 @@ type shoalTcMaps struct {
 	Buckets      *ebpf.Map `ebpf:"buckets"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Frags        *ebpf.Map `ebpf:"frags"`
+	Hand         *ebpf.Map `ebpf:"hand"`
 	HbConf       *ebpf.Map `ebpf:"hb_conf"`
 	HbDrops      *ebpf.Map `ebpf:"hb_drops"`
 	HbPeers      *ebpf.Map `ebpf:"hb_peers"`
@@ -227,6 +235,7 @@ func (m *shoalTcMaps) Close() error {
 		m.Buckets,
 		m.Counters,
 		m.Frags,
+		m.Hand,
 		m.HbConf,
 		m.HbDrops,
 		m.HbPeers,

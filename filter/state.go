@@ -112,11 +112,31 @@ func (s BucketState) String() string {
 	return "invalid"
 }
 
+// MaxHandTo is how many MACs one set of tables can hand SYNs over to;
+// hand-over index 0 is none.
+const MaxHandTo = 64
+
 // Tables is one node's complete data-plane input: the config that maps
 // packets to rules and buckets, and the node's state for every bucket.
 type Tables struct {
 	Config *Config
 	States map[RuleID]*[NumBuckets]BucketState
+	// HandTo gives, per rule and bucket, the index in HandMACs of the node
+	// a SYN is handed over to when this node does not take it (a bucket it
+	// released, whose new owner may not have taken it yet; see HandOver);
+	// 0 or a missing rule: none.
+	HandTo   map[RuleID]*[NumBuckets]uint8
+	HandMACs [MaxHandTo][6]byte
+}
+
+// handTo returns the MAC a SYN in bucket b of rule id is handed over to.
+func (t *Tables) handTo(id RuleID, b uint16) ([6]byte, bool) {
+	h := t.HandTo[id]
+	if h == nil || h[b] == 0 || int(h[b]) >= MaxHandTo {
+		return [6]byte{}, false
+	}
+	mac := t.HandMACs[h[b]]
+	return mac, mac != [6]byte{}
 }
 
 // NewTables computes node me's bucket states. accept is its accepting set

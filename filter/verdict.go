@@ -15,18 +15,27 @@ const (
 	Accept
 	// Drop: VIP traffic this node must not take.
 	Drop
+	// HandOver: a SYN in a bucket this node released, whose new owner has
+	// not taken it yet (Tables.HandTo): the frame goes back out to the new
+	// owner's MAC (Result.To), with this node's MAC as its source, and the
+	// new owner takes it (a SYN to a node's own MAC is that node's).
+	HandOver
 )
 
 // XDP action codes, as the kernel defines them.
 const (
 	xdpDrop = 1
 	xdpPass = 2
+	xdpTx   = 3
 )
 
 // XDPAction returns the XDP action code the program returns for v.
 func (v Verdict) XDPAction() uint32 {
-	if v == Drop {
+	switch v {
+	case Drop:
 		return xdpDrop
+	case HandOver:
+		return xdpTx
 	}
 	return xdpPass
 }
@@ -39,6 +48,8 @@ func (v Verdict) String() string {
 		return "accept"
 	case Drop:
 		return "drop"
+	case HandOver:
+		return "hand-over"
 	}
 	return fmt.Sprintf("verdict(%d)", uint8(v))
 }
@@ -92,12 +103,14 @@ type Result struct {
 	Rule    RuleID
 	Bucket  uint16
 	State   BucketState
+	To      [6]byte // HandOver: the MAC the frame goes to
 }
 
 // RuleCounters counts the VIP packets one rule's buckets judged.
 type RuleCounters struct {
-	Accepted uint64
-	Dropped  [NumDropReasons]uint64 // indexed by DropReason; NoReason stays 0
+	Accepted   uint64
+	Dropped    [NumDropReasons]uint64 // indexed by DropReason; NoReason stays 0
+	HandedOver uint64                 // SYNs handed over to their bucket's new owner
 }
 
 // Counters holds packet counts by rule. Pass verdicts are not counted.
@@ -110,9 +123,12 @@ func (c Counters) Count(r Result) {
 		return
 	}
 	rc := c[r.Rule]
-	if r.Verdict == Accept {
+	switch r.Verdict {
+	case Accept:
 		rc.Accepted++
-	} else {
+	case HandOver:
+		rc.HandedOver++
+	default:
 		rc.Dropped[r.Reason]++
 	}
 	c[r.Rule] = rc

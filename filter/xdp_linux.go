@@ -24,6 +24,10 @@ const (
 	// tableVersions is how many copies of every table the program has
 	// (NUM_VERSIONS in xdp/shoal.c).
 	tableVersions = 3
+	// handShift places a bucket's hand-over index above its state (ST_MASK,
+	// HAND_SHIFT); handedCounter indexes the SYNs handed over (C_HANDED).
+	handShift     = 2
+	handedCounter = int(NumDropReasons)
 )
 
 // AttachMode is how the program is attached to an interface.
@@ -224,6 +228,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	if err := x.objs.Settings.Update(next, &set, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("update xdp settings: %w", err)
 	}
+	if err := x.objs.Hand.Update(next, &shoalHandTable{Mac: t.HandMACs}, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("update xdp hand-over macs: %w", err)
+	}
 	var bt shoalBucketTable
 	for id, s := range slots {
 		ri := shoalRuleInfo{Id: uint32(id), Affinity: uint8(c.Affinity(id))}
@@ -236,8 +243,12 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 		}
 		bt = shoalBucketTable{}
 		if st := t.States[id]; st != nil {
+			hand := t.HandTo[id]
 			for b, v := range st {
 				bt.State[b] = uint8(v)
+				if hand != nil && hand[b] < MaxHandTo {
+					bt.State[b] |= hand[b] << handShift
+				}
 			}
 		}
 		if err := x.objs.Buckets.Update(key, &bt, ebpf.UpdateAny); err != nil {
@@ -479,6 +490,7 @@ func (x *XDP) Counters() (Counters, error) {
 			for r := 1; r < int(NumDropReasons); r++ {
 				rc.Dropped[r] += c.N[r]
 			}
+			rc.HandedOver += c.N[handedCounter]
 		}
 		out[id] = rc
 	}

@@ -82,6 +82,7 @@ func sub(a, b Counters) Counters {
 	for id, rc := range a {
 		o := b[id]
 		rc.Accepted -= o.Accepted
+		rc.HandedOver -= o.HandedOver
 		for i := range rc.Dropped {
 			rc.Dropped[i] -= o.Dropped[i]
 		}
@@ -175,6 +176,9 @@ func TestDifferential(t *testing.T) {
 		wantHB := uint64(0)
 		for i := 0; i < framesPerSet; i++ {
 			frame := g.frame()
+			if rng.IntN(10) == 0 && len(frame) >= 14 {
+				copy(frame[0:6], nodeMAC) // handed over by another node
+			}
 			refFrame := append([]byte(nil), frame...)
 			res := ref.Classify(refFrame)
 			want.Count(res)
@@ -243,10 +247,10 @@ func TestDifferential(t *testing.T) {
 	if held.found6 < 30 {
 		t.Errorf("only %d IPv6 frames found the real IPv6 connection", held.found6)
 	}
-	if verdicts6[Pass] < 500 || verdicts6[Accept] < 500 || verdicts6[Drop] < 500 {
+	if verdicts6[Pass] < 500 || verdicts6[Accept] < 500 || verdicts6[Drop] < 500 || verdicts6[HandOver] < 30 {
 		t.Errorf("IPv6 verdict mix %v too thin", verdicts6)
 	}
-	if verdicts[Pass] < 1000 || verdicts[Accept] < 1000 || verdicts[Drop] < 1000 {
+	if verdicts[Pass] < 1000 || verdicts[Accept] < 1000 || verdicts[Drop] < 1000 || verdicts[HandOver] < 50 {
 		t.Errorf("verdict mix %v too thin", verdicts)
 	}
 }

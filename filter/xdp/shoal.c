@@ -30,11 +30,15 @@
 #define MAX_L4_OFF 1024  // IPv6 transport header within this many bytes (filter.MaxL4Offset)
 #define MAX_KEY 5        // flow key words: 2 for IPv4, 5 for IPv6
 
-// Bucket states (filter.BucketState).
+// Bucket states (filter.BucketState), in a bucket's low two bits; the six
+// above are its hand-over index (filter.Tables.HandTo), 0 for none.
 #define ST_NOT_OWNED 0
 #define ST_OWNED 1
 #define ST_OWNED_DIRTY 2
 #define ST_DRAINING 3
+#define ST_MASK 3
+#define HAND_SHIFT 2
+#define MAX_HAND 64 // hand-over MACs per version (filter.MaxHandTo)
 
 // Counter indexes: 0 accepted, then filter.DropReason.
 #define C_ACCEPTED 0
@@ -43,7 +47,8 @@
 #define R_DRAIN_NO_CONN 3
 #define R_DISABLED 4
 #define R_MALFORMED 5
-#define NUM_COUNTERS 6
+#define C_HANDED 6 // SYNs handed over to their bucket's new owner
+#define NUM_COUNTERS 7
 
 // Affinities (filter.Affinity).
 #define AFF_NONE 0
@@ -99,6 +104,11 @@ struct bucket_table {
 
 struct counters {
 	__u64 n[NUM_COUNTERS];
+};
+
+// The MACs SYNs are handed over to, by hand-over index.
+struct hand_table {
+	__u8 mac[MAX_HAND][6];
 };
 
 // active[0] is the version (0, 1 or 2) packets are judged by.
@@ -159,6 +169,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct bucket_table);
 } buckets SEC(".maps");
+
+// hand[version]: the hand-over MACs of that version's buckets.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_VERSIONS);
+	__type(key, __u32);
+	__type(value, struct hand_table);
+} hand SEC(".maps");
 
 // counters[slot], per CPU. Slots keep their rule across versions.
 struct {
@@ -862,6 +880,7 @@ static __always_inline int parse6(shoal_ctx *ctx, __u8 *data, __u8 *ip, void *da
 // is VIP traffic this node keeps.
 #define V_DROP XDP_DROP
 #define V_PASS XDP_PASS
+#define V_TX XDP_TX
 #define V_ACCEPT 100
 
 // accept counts an accepted frame under slot and rewrites its destination
@@ -876,6 +895,39 @@ static __always_inline int accept(shoal_ctx *ctx, __u32 slot, __u8 *mac)
 	}
 	count(slot, C_ACCEPTED);
 	return V_ACCEPT;
+}
+
+// to_me reports whether the frame of ctx is addressed to mac, this node's
+// own: a SYN so addressed was handed over by its bucket's previous owner.
+static __always_inline int to_me(shoal_ctx *ctx, __u8 *mac)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return 0;
+	for (int i = 0; i < 6; i++)
+		if (eth->h_dest[i] != mac[i])
+			return 0;
+	return 1;
+}
+
+// hand_over sends a SYN this node does not take, in a bucket it released,
+// back out to the bucket's new owner (its MAC as destination, this node's
+// as source), which takes it whatever its tables say (to_me): until the new
+// owner's tables take the bucket, no SYN falls between the two. Without a
+// MAC to hand to (or in the tc build) the SYN is dropped for reason.
+static __always_inline int hand_over(shoal_ctx *ctx, __u32 version, __u32 slot, __u32 to, __u8 *mac, __u32 reason)
+{
+	struct hand_table *ht = bpf_map_lookup_elem(&hand, &version);
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if (!REWRITE || !ht || to >= MAX_HAND || (void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return drop(slot, reason);
+	__u8 *dst = ht->mac[to];
+	if (!(dst[0] | dst[1] | dst[2] | dst[3] | dst[4] | dst[5]))
+		return drop(slot, reason);
+	__builtin_memcpy(eth->h_dest, dst, 6);
+	__builtin_memcpy(eth->h_source, mac, 6);
+	count(slot, C_HANDED);
+	return V_TX;
 }
 
 // shoal_verdict is the verdict core both parsers hand their flow to: the
@@ -920,8 +972,13 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 		reason = R_DISABLED;
 		goto verdict;
 	}
+	// A SYN handed over by its bucket's previous owner is this node's.
+	if (REWRITE && f->syn && !f->first_frag && to_me(ctx, s->mac))
+		goto verdict;
 	struct bucket_table *bt = bpf_map_lookup_elem(&buckets, &rkey);
-	__u8 st = bt ? bt->state[bucket] : ST_NOT_OWNED;
+	__u8 raw = bt ? bt->state[bucket] : ST_NOT_OWNED;
+	__u8 st = raw & ST_MASK;
+	__u32 to = raw >> HAND_SHIFT;
 	if ((st == ST_OWNED || st == ST_OWNED_DIRTY) && lease_expired())
 		st = ST_DRAINING;
 
@@ -943,6 +1000,8 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 	default:
 		reason = R_NOT_OWNED;
 	}
+	if (to && f->syn && !f->first_frag && (reason == R_NOT_OWNED || reason == R_DRAIN_NO_CONN))
+		return hand_over(ctx, version, slot, to, s->mac, reason);
 
 verdict:
 	if (f->first_frag) {
