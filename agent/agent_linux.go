@@ -153,6 +153,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		Self:    a.self, Log: log, Link: link, Rules: a.store,
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
 		Dataplane:   dp, MAC: h.MAC, Scan: scanConns, Health: a.healthy, RenewLease: xdp.RenewLease,
+		Neighbors: func() map[netip.Addr]net.HardwareAddr { return neighborMACs(cfg.Interface, log) },
 		OnRules: func(st *rules.State) {
 			h.setVIPs(st.VIPs, st.Settings.MACMode)
 			self, peers := a.heartbeatAllow(st)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/netip"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,10 @@ type reconciler struct {
 	onPush   func(s *memberSnap)
 	finish   func(ctx context.Context) error
 	now      func() time.Time
+	// neighbors returns the MACs the host knows for its neighbours'
+	// addresses (the peers' heartbeat addresses among them): the MACs
+	// SYNs are handed over to. Nil: no hand-over.
+	neighbors func() map[netip.Addr]net.HardwareAddr
 
 	failures atomic.Uint64 // table pushes the data plane refused
 	pub      atomic.Pointer[dataSnap]
@@ -68,6 +73,9 @@ type reconciler struct {
 	lastLog     time.Time
 	suppressed  int
 	stopAsked   time.Time
+	assign      filter.Assigner // owners of the view's buckets, for hand-overs
+	released    filter.Set      // buckets released since the view last settled: SYNs there are handed over
+	handUntil   time.Time       // when released is cleared (zero: the view has not converged)
 	wg          sync.WaitGroup
 }
 
@@ -135,7 +143,8 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	}
 	retry := !r.healthy && !now.Before(r.failedAt.Add(r.backoff))
 	mac := r.mac()
-	if s.gen == r.pushedGen && !r.heldFresh && !retry && string(mac) == r.pushedMAC {
+	handEnds := len(r.released) > 0 && !r.handUntil.IsZero() && !now.Before(r.handUntil)
+	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && string(mac) == r.pushedMAC {
 		r.finishDrain(ctx, now, s)
 		return r.wakeIn(now)
 	}
@@ -169,6 +178,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		accept, dirty = accept.Intersect(everything(s.fcfg)), union(dirty, s.inheritedDirty)
 	}
 	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, r.held.set)
+	r.handOver(now, s, p.tables, accept.Buckets)
 	t2 := r.now()
 	// Tables the kernel already holds need no push (a view that moves
 	// nothing here, the same tables for the next snapshot): pushing them
@@ -184,6 +194,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	if t3 := r.now(); r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("tables pushed", "at", stamp(t3), "gen", s.gen, "view", s.hb.View.Eligible, "rules", s.hb.View.RulesIndex,
 			"converged", s.hb.Converged, "skipped", same, "owned", stateCounts(p.tables, filter.Owned), "dirty", stateCounts(p.tables, filter.OwnedDirty),
+			"draining", stateCounts(p.tables, filter.Draining), "handed_over", handCount(p.tables),
 			"scan", t1.Sub(t0), "plan", t2.Sub(t1), "update", t3.Sub(t2), "since_adopted", t3.Sub(s.hb.AdoptedAt))
 	}
 	if !r.healthy && !now.Before(r.failedAt.Add(r.backoff)) {
@@ -242,7 +253,147 @@ func (r *reconciler) wakeIn(now time.Time) time.Duration {
 	if !r.stopAsked.IsZero() {
 		d = min(d, r.stopAsked.Add(stopRetry).Sub(now))
 	}
+	if len(r.released) > 0 && !r.handUntil.IsZero() {
+		d = min(d, r.handUntil.Sub(now))
+	}
 	return d
+}
+
+// handGrace is how many heartbeat periods SYNs are still handed over after
+// this node's view converged: every member acquired by then (each does on
+// its own convergence, a one-way delay from this node's).
+const handGrace = 3
+
+// handOver completes tables t (planned from accepting set accept) for the
+// moments around a view change. Every bucket this node takes no SYN in
+// that it took until now is released; until the view converges, and
+// handGrace periods more, a SYN there goes to the bucket's owner in the
+// view (the XDP program's hand-over), instead of being dropped while that
+// owner waits to acquire. And buckets the view gives this node that it
+// does not accept yet take the packets of connections it holds (a
+// handshake whose SYN was handed over here), as draining ones do.
+func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, accept filter.Set) {
+	if r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended {
+		r.released, r.handUntil = nil, time.Time{}
+		return
+	}
+	if last := r.last.tables; last != nil {
+		var lm, nm map[filter.RuleID]*filter.Mapping
+		if last.Config != t.Config {
+			lm, nm = last.Config.Mappings(), t.Config.Mappings()
+		}
+		for id, st := range last.States {
+			nst := t.States[id]
+			if lm != nil && !lm[id].Within(nm[id]) {
+				continue // its bucket numbers mean other flows now
+			}
+			for b, v := range st {
+				if (v == filter.Owned || v == filter.OwnedDirty) && nst != nil && nst[b] != filter.Owned && nst[b] != filter.OwnedDirty {
+					if r.released == nil {
+						r.released = filter.Set{}
+					}
+					r.released.Add(id, uint16(b))
+				}
+			}
+		}
+	}
+	switch {
+	case !s.hb.Converged:
+		r.handUntil = time.Time{}
+	case r.handUntil.IsZero():
+		r.handUntil = now.Add(handGrace * s.rs.Settings.HeartbeatPeriod)
+	case !now.Before(r.handUntil):
+		r.released = nil
+	}
+	if len(r.released) == 0 && s.hb.Converged {
+		return
+	}
+	owners := r.assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+	if !s.hb.Converged {
+		for id, own := range owners.Rules {
+			st := t.States[id]
+			if st == nil {
+				continue
+			}
+			for b, o := range own {
+				if o == r.self && st[b] == filter.NotOwned && !accept.Has(id, uint16(b)) {
+					st[b] = filter.Draining
+				}
+			}
+		}
+	}
+	if len(r.released) == 0 {
+		return
+	}
+	macs := r.neighbors()
+	index := map[filter.NodeID]uint8{}
+	for id, m := range r.released {
+		own, st := owners.Rules[id], t.States[id]
+		if own == nil || st == nil {
+			continue
+		}
+		for b := range filter.NumBuckets {
+			o := own[b]
+			if !m.Has(uint16(b)) || o == r.self || o == filter.NoNode || (st[b] != filter.NotOwned && st[b] != filter.Draining) {
+				continue
+			}
+			i, ok := index[o]
+			if !ok {
+				if len(index)+1 >= filter.MaxHandTo {
+					continue
+				}
+				mac := peerMAC(s.rs, o, macs)
+				if mac == nil {
+					index[o] = 0
+					continue
+				}
+				i = uint8(len(index) + 1)
+				index[o] = i
+				copy(t.HandMACs[i][:], mac)
+			}
+			if i == 0 {
+				continue
+			}
+			if t.HandTo == nil {
+				t.HandTo = map[filter.RuleID]*[filter.NumBuckets]uint8{}
+			}
+			h := t.HandTo[id]
+			if h == nil {
+				h = new([filter.NumBuckets]uint8)
+				t.HandTo[id] = h
+			}
+			h[b] = i
+		}
+	}
+}
+
+// handCount counts the buckets whose SYNs t hands over.
+func handCount(t *filter.Tables) int {
+	n := 0
+	for _, h := range t.HandTo {
+		for _, i := range h {
+			if i != 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// peerMAC returns node id's MAC from macs, by its heartbeat address, or nil.
+func peerMAC(rs *rules.State, id filter.NodeID, macs map[netip.Addr]net.HardwareAddr) net.HardwareAddr {
+	n := rs.Node(id)
+	if n == nil {
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(n.HeartbeatAddr)
+	if err != nil {
+		return nil
+	}
+	if mac := macs[ap.Addr().Unmap()]; len(mac) == 6 {
+		return mac
+	}
+	return nil
 }
 
 func (r *reconciler) publish() {
@@ -345,6 +496,16 @@ func sameTables(a, b *filter.Tables) bool {
 		sb := b.States[id]
 		if sb == nil || *sa != *sb {
 			return false
+		}
+	}
+	if a.HandMACs != b.HandMACs {
+		return false
+	}
+	for _, pair := range [][2]*filter.Tables{{a, b}, {b, a}} {
+		for id, h := range pair[0].HandTo {
+			if o := pair[1].HandTo[id]; o == nil && *h != ([filter.NumBuckets]uint8{}) || o != nil && *o != *h {
+				return false
+			}
 		}
 	}
 	return true

@@ -106,7 +106,7 @@ type memberSnap struct {
 	rs         *rules.State   // rs.Index == hb.View.RulesIndex: the view's own rules
 	fcfg       *filter.Config // rs.FilterConfig()
 	hb         heartbeat.Status[*lazySet]
-	admin      rules.AdminState // what the tables follow: stopped while leaving
+	admin      rules.AdminState // what the tables follow: draining while leaving
 	replicated rules.AdminState // what the rules say
 	healthy    bool             // what the machine was told
 	plugged    bool
@@ -239,10 +239,11 @@ func (m *membership) replicatedAdmin() rules.AdminState {
 }
 
 // admin is the admin state the tables follow: the replicated one, or
-// stopped during a graceful stop (a node about to exit keeps nothing).
+// draining during a graceful stop (a node about to exit takes nothing new,
+// hands its buckets' SYNs over and serves its connections until it exits).
 func (m *membership) admin() rules.AdminState {
 	if m.leaving {
-		return rules.AdminStopped
+		return rules.AdminDraining
 	}
 	return m.replicatedAdmin()
 }

@@ -47,6 +47,10 @@ type nodeConfig struct {
 	RenewLease func(d time.Duration) error
 	Finish     func(ctx context.Context) error // propose this node stopped once a drain ends
 	Announce   func()                          // gratuitous ARP after a view change
+	// Neighbors returns the MACs the host knows for its neighbours' addresses,
+	// the peers' heartbeat addresses among them: released buckets' SYNs are
+	// handed over to their new owners' MACs. Nil: no hand-over.
+	Neighbors func() map[netip.Addr]net.HardwareAddr
 	Probe      probeCheck                      // asks a suspect's peer API if it is alive; nil: no probes
 	// Inherit, after a restart, is what the previous agent's tables held:
 	// the first machine starts from it (see restart.go).
@@ -86,6 +90,7 @@ func newNode(c nodeConfig) (*node, error) {
 	if c.OnPush != nil {
 		rec.onPush = c.OnPush
 	}
+	rec.neighbors = c.Neighbors
 	return &node{self: c.Self, log: c.Log, link: c.Link, dp: c.Dataplane, mem: mem, rec: rec, trk: trk}, nil
 }
 
