@@ -148,7 +148,9 @@ func newTestCluster(t *testing.T, n int, period time.Duration) *testCluster {
 		LastRuleID: 1,
 	}
 	for i := 1; i <= n; i++ {
-		link, err := heartbeat.Listen("127.0.0.1:0", 7, testKeys)
+		// A loopback address of its own, so its MAC can be told apart
+		// (see testMAC and the Neighbors of start).
+		link, err := heartbeat.Listen(fmt.Sprintf("127.0.0.%d:0", i), 7, testKeys)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,7 +174,14 @@ func (c *testCluster) start(i int) *testNode {
 		log = slog.Default().With("node", i)
 	}
 	n, err := newNode(nodeConfig{Self: tn.id, Incarnation: testIncarnation, Log: log, Link: tn.link, Rules: c.rules,
-		Dataplane: tn.dp, MAC: func() net.HardwareAddr { return net.HardwareAddr{2, 0, 0, 0, 0, byte(i)} },
+		Dataplane: tn.dp, MAC: func() net.HardwareAddr { return testMAC(i) },
+		Neighbors: func() map[netip.Addr]net.HardwareAddr {
+			out := map[netip.Addr]net.HardwareAddr{}
+			for j := range c.nodes {
+				out[netip.AddrFrom4([4]byte{127, 0, 0, byte(j + 1)})] = testMAC(j + 1)
+			}
+			return out
+		},
 		Scan: func([]netip.Addr) ([]conn, error) {
 			tn.scans.Add(1)
 			if f := tn.onScan.Load(); f != nil {
@@ -202,6 +211,9 @@ func (c *testCluster) start(i int) *testNode {
 	})
 	return tn
 }
+
+// testMAC is node i's MAC in a test cluster.
+func testMAC(i int) net.HardwareAddr { return net.HardwareAddr{2, 0, 0, 0, 0, byte(i)} }
 
 // owners counts, per bucket of rule 1, the running nodes whose kernel
 // tables take new connections there.
@@ -517,5 +529,84 @@ func TestReleasedBucketsDrainUntilScanned(t *testing.T) {
 	}
 	if stopped < 0 || !slices.Contains(events[stopped:slices.Index(events, "finish")], "scan") {
 		t.Errorf("node 1 asked to be stopped without a scan begun after its tables stopped accepting: %v", events)
+	}
+}
+
+// TestReleasedSYNsHandedOver: while a view change moves buckets, the node
+// that released them hands their SYNs over to the new owner's MAC (so none
+// is dropped while the new owner waits to acquire), the new owner's tables
+// serve the connections it holds in the buckets it is about to acquire
+// (the handed-over handshakes), and once every member has acquired the
+// hand-over ends.
+func TestReleasedSYNsHandedOver(t *testing.T) {
+	c := newTestCluster(t, 2, 20*time.Millisecond)
+	n1 := c.start(1)
+	c.await("node 1 owning every bucket", 10*time.Second, c.checkOwners)
+
+	var mu sync.Mutex
+	handed := map[int]bool{}  // buckets of rule 1 node 1 handed over at some point
+	wrongMAC := 0             // hand-overs to another MAC than node 2's
+	pending := map[int]bool{} // buckets node 2 served held connections in before it took them
+	watch1 := func(_, next *filter.Tables) {
+		mu.Lock()
+		defer mu.Unlock()
+		h := next.HandTo[1]
+		if h == nil {
+			return
+		}
+		for b, i := range h {
+			if i == 0 {
+				continue
+			}
+			handed[b] = true
+			if net.HardwareAddr(next.HandMACs[i][:]).String() != testMAC(2).String() {
+				wrongMAC++
+			}
+		}
+	}
+	n1.dp.watch.Store(&watch1)
+	n2 := c.nodes[1]
+	watch2 := func(_, next *filter.Tables) {
+		mu.Lock()
+		defer mu.Unlock()
+		for b, st := range next.States[1] {
+			if st == filter.Draining {
+				pending[b] = true
+			}
+		}
+	}
+	n2.dp.watch.Store(&watch2)
+	c.start(2)
+	c.await("both nodes owning every bucket, hand-over over", 10*time.Second, func() bool {
+		k, k2 := n1.dp.kernel.Load(), n2.dp.kernel.Load()
+		return c.checkOwners() && k2 != nil && accepting(k2) && handCount(k) == 0 && stateCounts(k, filter.Draining)[1] == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	k2 := n2.dp.kernel.Load()
+	var moved, handedMoved, pendingMoved int
+	for b, st := range k2.States[1] {
+		if st != filter.Owned && st != filter.OwnedDirty {
+			if handed[b] {
+				t.Errorf("node 1 handed bucket %d over, which node 2 does not own", b)
+			}
+			continue
+		}
+		moved++
+		if handed[b] {
+			handedMoved++
+		}
+		if pending[b] {
+			pendingMoved++
+		}
+	}
+	if moved == 0 || handedMoved != moved {
+		t.Errorf("node 1 handed over %d of the %d buckets node 2 took from it", handedMoved, moved)
+	}
+	if pendingMoved != moved {
+		t.Errorf("node 2 served held connections in %d of the %d buckets it took before taking them", pendingMoved, moved)
+	}
+	if wrongMAC > 0 {
+		t.Errorf("%d hand-overs to another MAC than node 2's", wrongMAC)
 	}
 }
