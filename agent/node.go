@@ -51,7 +51,7 @@ type nodeConfig struct {
 	// the peers' heartbeat addresses among them: released buckets' SYNs are
 	// handed over to their new owners' MACs. Nil: no hand-over.
 	Neighbors func() map[netip.Addr]net.HardwareAddr
-	Probe      probeCheck                      // asks a suspect's peer API if it is alive; nil: no probes
+	Probe     probeCheck // asks a suspect's peer API if it is alive; nil: no probes
 	// Inherit, after a restart, is what the previous agent's tables held:
 	// the first machine starts from it (see restart.go).
 	Inherit *inheritance
