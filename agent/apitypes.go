@@ -124,6 +124,12 @@ type Params struct {
 type PacketCounters struct {
 	Accepted uint64            `json:"accepted"`
 	Dropped  map[string]uint64 `json:"dropped"`
+	// Hand-overs of SYNs in buckets moving between nodes: "out" handed
+	// over to the new owner, "in" handed to this node and taken,
+	// "refused" handed to this node and dropped (it took the SYN already).
+	// Not in Accepted or Dropped: every node judges each frame the
+	// clients send once, in Accepted, Dropped or "out".
+	Handed map[string]uint64 `json:"handed,omitempty"`
 }
 
 // Requests of the control API.

@@ -74,7 +74,8 @@ type reconciler struct {
 	suppressed  int
 	stopAsked   time.Time
 	assign      filter.Assigner // owners of the view's buckets, for hand-overs
-	released    filter.Set      // buckets released since the view last settled: SYNs there are handed over
+	released    filter.Set      // buckets handView's change released: SYNs there are handed over
+	handView    heartbeat.View  // the view released belongs to
 	handUntil   time.Time       // when released is cleared (zero: the view has not converged)
 	wg          sync.WaitGroup
 }
@@ -150,7 +151,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	}
 	t0 := r.now()
 	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
-	if !s.hb.View.Equal(r.scannedView) {
+	if !s.hb.View.Equal(r.scannedView) || r.held.cfg != s.fcfg {
 		r.scannedView = s.hb.View
 		// The view releases buckets (or changed the rules, or these are
 		// the first tables). Until they are in, this node still answers
@@ -266,16 +267,28 @@ const handGrace = 3
 
 // handOver completes tables t (planned from accepting set accept) for the
 // moments around a view change. Every bucket this node takes no SYN in
-// that it took until now is released; until the view converges, and
-// handGrace periods more, a SYN there goes to the bucket's owner in the
+// that it took until the change is released; until the view converges,
+// and handGrace periods more, a SYN there goes to the bucket's owner in the
 // view (the XDP program's hand-over), instead of being dropped while that
 // owner waits to acquire. And buckets the view gives this node that it
 // does not accept yet take the packets of connections it holds (a
 // handshake whose SYN was handed over here), as draining ones do.
+//
+// No SYN is taken twice: this node owned a bucket it released, so no other
+// node held it meanwhile, and the only node that can acquire it while this
+// node keeps this view is its owner in the view (acquisition waits for
+// this node to advertise the view), which is where the SYNs go. A newer
+// view hands over only what it releases itself (docs/ARCHITECTURE.md).
 func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, accept filter.Set) {
 	if r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended {
 		r.released, r.handUntil = nil, time.Time{}
 		return
+	}
+	if !s.hb.View.Equal(r.handView) {
+		// Only what this view change released: a bucket released before
+		// may have been acquired since by its owner in that view, and
+		// handing its SYNs to the owner in this one would give them two.
+		r.released, r.handView, r.handUntil = nil, s.hb.View, time.Time{}
 	}
 	if last := r.last.tables; last != nil {
 		var lm, nm map[filter.RuleID]*filter.Mapping

@@ -314,19 +314,27 @@ func netstat(t *testing.T, ns, group, field string) uint64 {
 }
 
 // packets returns a node's data-plane totals: accepted and dropped.
-func packets(t *testing.T, l *lab.Lab, name string) (accepted, dropped uint64) {
+// packetCounts are a node's packet counters over every rule: the frames
+// from the clients it judged (accepted, dropped, handed over to another
+// node: out), and the SYNs other nodes handed over to it (taken: in, and
+// refused).
+type packetCounts struct{ accepted, dropped, out, in, refused uint64 }
+
+func handCounts(t *testing.T, l *lab.Lab, name string) packetCounts {
 	t.Helper()
 	var p agent.Params
 	if err := client(t, l, name).Do(context.Background(), "GET", "/v1/params", nil, &p); err != nil {
 		t.Fatal(err)
 	}
+	var c packetCounts
 	for _, pc := range p.Packets {
-		accepted += pc.Accepted
+		c.accepted += pc.Accepted
 		for _, n := range pc.Dropped {
-			dropped += n
+			c.dropped += n
 		}
+		c.out, c.in, c.refused = c.out+pc.Handed["out"], c.in+pc.Handed["in"], c.refused+pc.Handed["refused"]
 	}
-	return accepted, dropped
+	return c
 }
 
 func loadRun(t *testing.T, l *lab.Lab, a lab.LoadArgs) load.Result {
@@ -366,9 +374,9 @@ func testBalanceAndPacketAccounting(t *testing.T, family lab.Family) {
 	phase := func(name string, want map[string]float64) {
 		t.Run(name, func(t *testing.T) {
 			sent0 := sentToVIP()
-			acc0, drop0 := map[string]uint64{}, map[string]uint64{}
+			c0 := map[string]packetCounts{}
 			for _, n := range l.Nodes {
-				acc0[n.Name], drop0[n.Name] = packets(t, l, n.Name)
+				c0[n.Name] = handCounts(t, l, n.Name)
 			}
 			r := loadRun(t, l, lab.LoadArgs{Duration: 5 * time.Second, Concurrency: 8, Timeout: 3 * time.Second})
 			if r.Failures != 0 || r.Successes < 3000 {
@@ -380,23 +388,31 @@ func testBalanceAndPacketAccounting(t *testing.T, family lab.Family) {
 				t.Errorf("client resolved the VIP to %q, want the cluster MAC %s", mac, lab.ClusterMAC(l.VIP))
 			}
 			// Let the last FINs and ACKs land, then count.
-			var sent, accepted uint64
+			// Every node judges each frame once (accepts, drops or hands
+			// it over); each is taken by exactly one node, itself or the
+			// one it was handed to; and every SYN handed over arrives.
+			var sent, accepted, out, in uint64
 			poll(t, 5*time.Second, "packet counts settle", func() error {
 				sent = sentToVIP() - sent0
-				accepted = 0
+				accepted, out, in = 0, 0, 0
+				var refused uint64
 				for _, n := range l.Nodes {
-					a, d := packets(t, l, n.Name)
-					accepted += a - acc0[n.Name]
-					if seen := a - acc0[n.Name] + d - drop0[n.Name]; seen != sent {
+					c, b := handCounts(t, l, n.Name), c0[n.Name]
+					accepted += c.accepted - b.accepted + c.in - b.in
+					out, in, refused = out+c.out-b.out, in+c.in-b.in, refused+c.refused-b.refused
+					if seen := c.accepted - b.accepted + c.dropped - b.dropped + c.out - b.out; seen != sent {
 						return fmt.Errorf("%s judged %d packets, the client sent %d", n.Name, seen, sent)
 					}
 				}
 				if accepted != sent {
-					return fmt.Errorf("nodes accepted %d packets in all, the client sent %d", accepted, sent)
+					return fmt.Errorf("nodes took %d packets in all (%d of them handed over), the client sent %d", accepted, in, sent)
+				}
+				if in+refused != out {
+					return fmt.Errorf("%d SYNs handed over, %d taken and %d refused where they went", out, in, refused)
 				}
 				return nil
 			})
-			t.Logf("client sent %d packets to the VIP; the nodes accepted %d in all", sent, accepted)
+			t.Logf("client sent %d packets to the VIP; the nodes took %d in all, %d of them SYNs handed over (%d handed over)", sent, accepted, in, out)
 		})
 	}
 	phase("equal weights", map[string]float64{"node1": 1.0 / 3, "node2": 1.0 / 3, "node3": 1.0 / 3})

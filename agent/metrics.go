@@ -22,7 +22,7 @@ type metricsSource interface {
 // read when scraped so that they never lag or cost anything in between.
 type collector struct {
 	src                                                metricsSource
-	accepted, dropped, hb, arp, ndp                    *prometheus.Desc
+	accepted, dropped, handed, hb, arp, ndp            *prometheus.Desc
 	converged, healthy, buckets, conns, rulesIndex, up *prometheus.Desc
 	dpFailures, dpHealthy                              *prometheus.Desc
 }
@@ -35,6 +35,7 @@ func newCollector(src metricsSource) *collector {
 		src:        src,
 		accepted:   d("packets_accepted_total", "VIP packets this node accepted, by rule.", "rule"),
 		dropped:    d("packets_dropped_total", "VIP packets this node dropped, by rule and reason.", "rule", "reason"),
+		handed:     d("syns_handed_total", "SYNs of buckets moving between nodes handed over, by rule and direction: out (to the new owner), in (taken here), refused (handed here, taken already).", "rule", "direction"),
 		hb:         d("heartbeat_events_total", "Heartbeat messages by event (sent, received, rejected reasons).", "event"),
 		arp:        d("arp_events_total", "ARP frames by outcome.", "event"),
 		ndp:        d("ndp_events_total", "Neighbor Solicitations for the IPv6 VIPs by outcome.", "event"),
@@ -50,7 +51,7 @@ func newCollector(src metricsSource) *collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy} {
+	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.handed, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy} {
 		ch <- d
 	}
 }
@@ -67,6 +68,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.accepted, pc.Accepted, fmt.Sprint(id))
 		for reason, n := range pc.Dropped {
 			counter(c.dropped, n, fmt.Sprint(id), reason)
+		}
+		for dir, n := range pc.Handed {
+			counter(c.handed, n, fmt.Sprint(id), dir)
 		}
 	}
 	for ev, n := range p.Heartbeat {

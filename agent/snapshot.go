@@ -50,6 +50,9 @@ func (n *node) params() Params {
 	if c, err := n.dp.Counters(); err == nil {
 		for id, rc := range c {
 			pc := PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}}
+			if h := map[string]uint64{"out": rc.HandedOver, "in": rc.HandedIn, "refused": rc.HandedRefused}; rc.HandedOver+rc.HandedIn+rc.HandedRefused > 0 {
+				pc.Handed = h
+			}
 			for r, k := range rc.Dropped {
 				if k > 0 {
 					pc.Dropped[filter.DropReason(r).String()] = k

@@ -11,9 +11,9 @@ import (
 // ConnLookup answers the one question the data plane asks the kernel's
 // socket table (in XDP: bpf_skc_lookup_tcp).
 type ConnLookup interface {
-	// HoldsConn reports whether this node holds a TCP socket that is not a
-	// listener (established, SYN_RECV, TIME_WAIT, ...) for the connection
-	// from client to vip.
+	// HoldsConn reports whether this node holds a TCP socket that is
+	// neither a listener nor in TIME_WAIT (established, SYN_RECV, FIN_WAIT,
+	// ...) for the connection from client to vip.
 	HoldsConn(client, vip netip.AddrPort) bool
 	// ValidCookie reports whether a TCP ACK (no SYN, no RST) from client
 	// to vip completes a SYN-cookie handshake this node's listener
@@ -230,13 +230,19 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 	if c.leaseExpired && (res.State == Owned || res.State == OwnedDirty) {
 		res.State = Draining
 	}
-	res.Verdict, res.Reason = c.judge(f, res.State)
-	if f.syn && !fr.first && res.Reason != DropDisabled {
-		switch {
-		case [6]byte(frame[0:6]) == c.mac:
-			// Handed over by the bucket's previous owner: this node's.
-			res.Verdict, res.Reason = Accept, NoReason
-		case res.Reason == DropNotOwned || res.Reason == DropDrainNoConn:
+	switch {
+	case f.syn && !fr.first && [6]byte(frame[0:6]) == c.mac:
+		// Handed over by the bucket's previous owner: this node's while
+		// its tables do not take the bucket's SYNs yet.
+		res.Handed = true
+		if st := res.State; c.leaseExpired || st == Owned || st == OwnedDirty {
+			res.Verdict = Drop
+		} else {
+			res.Verdict = Accept
+		}
+	default:
+		res.Verdict, res.Reason = c.judge(f, res.State)
+		if f.syn && !fr.first && !c.leaseExpired && (res.Reason == DropNotOwned || res.Reason == DropDrainNoConn) {
 			if to, ok := c.t.handTo(f.rule, bucket); ok {
 				res.Verdict, res.Reason, res.To = HandOver, NoReason, to
 				copy(frame[0:6], to[:])

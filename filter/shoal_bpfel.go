@@ -20,7 +20,7 @@ type shoalBucketTable struct {
 
 type shoalCounters struct {
 	_ structs.HostLayout
-	N [7]uint64
+	N [9]uint64
 }
 
 type shoalFragKey struct {

@@ -20,7 +20,7 @@ type shoalTcBucketTable struct {
 
 type shoalTcCounters struct {
 	_ structs.HostLayout
-	N [7]uint64
+	N [9]uint64
 }
 
 type shoalTcFragKey struct {

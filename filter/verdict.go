@@ -104,13 +104,20 @@ type Result struct {
 	Bucket  uint16
 	State   BucketState
 	To      [6]byte // HandOver: the MAC the frame goes to
+	// Handed: a SYN another node handed over to this one (addressed to its
+	// MAC): Accept while this node's tables do not take the bucket's SYNs
+	// yet, Drop once they do (it took the flooded copy) or its lease ended.
+	// Counted apart from the frames the client sent.
+	Handed bool
 }
 
 // RuleCounters counts the VIP packets one rule's buckets judged.
 type RuleCounters struct {
-	Accepted   uint64
-	Dropped    [NumDropReasons]uint64 // indexed by DropReason; NoReason stays 0
-	HandedOver uint64                 // SYNs handed over to their bucket's new owner
+	Accepted      uint64
+	Dropped       [NumDropReasons]uint64 // indexed by DropReason; NoReason stays 0
+	HandedOver    uint64                 // SYNs handed over to their bucket's new owner
+	HandedIn      uint64                 // SYNs handed over to this node, taken
+	HandedRefused uint64                 // SYNs handed over to this node, dropped (taken already, or the lease ended)
 }
 
 // Counters holds packet counts by rule. Pass verdicts are not counted.
@@ -123,10 +130,14 @@ func (c Counters) Count(r Result) {
 		return
 	}
 	rc := c[r.Rule]
-	switch r.Verdict {
-	case Accept:
+	switch {
+	case r.Handed && r.Verdict == Accept:
+		rc.HandedIn++
+	case r.Handed:
+		rc.HandedRefused++
+	case r.Verdict == Accept:
 		rc.Accepted++
-	case HandOver:
+	case r.Verdict == HandOver:
 		rc.HandedOver++
 	default:
 		rc.Dropped[r.Reason]++

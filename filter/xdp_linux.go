@@ -25,7 +25,8 @@ const (
 	// (NUM_VERSIONS in xdp/shoal.c).
 	tableVersions = 3
 	// handShift places a bucket's hand-over index above its state (ST_MASK,
-	// HAND_SHIFT); handedCounter indexes the SYNs handed over (C_HANDED).
+	// HAND_SHIFT); handedCounter indexes the SYNs handed over (C_HANDED),
+	// the next two those handed in (C_HANDED_IN, C_HANDED_REFUSED).
 	handShift     = 2
 	handedCounter = int(NumDropReasons)
 )
@@ -491,6 +492,8 @@ func (x *XDP) Counters() (Counters, error) {
 				rc.Dropped[r] += c.N[r]
 			}
 			rc.HandedOver += c.N[handedCounter]
+			rc.HandedIn += c.N[handedCounter+1]
+			rc.HandedRefused += c.N[handedCounter+2]
 		}
 		out[id] = rc
 	}

@@ -83,6 +83,8 @@ func sub(a, b Counters) Counters {
 		o := b[id]
 		rc.Accepted -= o.Accepted
 		rc.HandedOver -= o.HandedOver
+		rc.HandedIn -= o.HandedIn
+		rc.HandedRefused -= o.HandedRefused
 		for i := range rc.Dropped {
 			rc.Dropped[i] -= o.Dropped[i]
 		}

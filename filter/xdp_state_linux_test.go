@@ -49,14 +49,14 @@ func TestSocketLookup(t *testing.T) {
 	}{
 		{"dirty established", OwnedDirty, est, Accept},
 		{"dirty icmp error about established", OwnedDirty, estICMP, Accept},
-		{"dirty time-wait", OwnedDirty, timeWait, Accept},
+		{"dirty time-wait is no connection", OwnedDirty, timeWait, Drop},
 		{"dirty unknown (finds only the listener)", OwnedDirty, unknown, Drop},
 		{"dirty syn", OwnedDirty, syn, Accept},
 		{"dirty syn-ack is not a syn", OwnedDirty, synack, Drop},
 		{"dirty udp", OwnedDirty, udp, Accept},
 		{"draining established", Draining, est, Accept},
 		{"draining icmp error about established", Draining, estICMP, Accept},
-		{"draining time-wait", Draining, timeWait, Accept},
+		{"draining time-wait is no connection", Draining, timeWait, Drop},
 		{"draining unknown", Draining, unknown, Drop},
 		{"draining syn", Draining, syn, Drop},
 		{"draining syn on a time-wait's ports is a new connection", Draining, timeWaitSyn, Drop},
@@ -78,7 +78,7 @@ func TestSocketLookup(t *testing.T) {
 			}
 			frame := tt.p.build()
 			ref := append([]byte(nil), frame...)
-			res := NewClassifier(tb, nodeMAC, conns{conn: true, tw: true}).Classify(ref)
+			res := NewClassifier(tb, nodeMAC, conns{conn: true}).Classify(ref)
 			if res.Verdict != tt.want {
 				t.Errorf("reference: %+v, want %v", res, tt.want)
 			}

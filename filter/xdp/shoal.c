@@ -47,8 +47,10 @@
 #define R_DRAIN_NO_CONN 3
 #define R_DISABLED 4
 #define R_MALFORMED 5
-#define C_HANDED 6 // SYNs handed over to their bucket's new owner
-#define NUM_COUNTERS 7
+#define C_HANDED 6         // SYNs handed over to their bucket's new owner
+#define C_HANDED_IN 7      // SYNs handed over here, taken
+#define C_HANDED_REFUSED 8 // SYNs handed over here, dropped: taken already (the flooded copy), or the lease ended
+#define NUM_COUNTERS 9
 
 // Affinities (filter.Affinity).
 #define AFF_NONE 0
@@ -63,6 +65,7 @@
 #define NH_FRAGMENT 44
 #define NH_ICMPV6 58
 #define NH_DSTOPTS 60
+#define BPF_TCP_TIME_WAIT_ 6
 #define BPF_TCP_LISTEN_ 10
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
@@ -403,7 +406,10 @@ static __always_inline void copy16(__be32 *dst, __u8 *a)
 }
 
 // holds_conn asks the socket table whether this node holds a connection:
-// a socket that is not a listener, or, for an ACK that finds only the
+// a socket that is neither a listener nor in TIME_WAIT (a closed
+// connection: the packet may belong to a new one on the same ports, held
+// by another node, which the TIME_WAIT socket's answer would reset; the
+// held-connection scans leave TIME_WAIT out too), or, for an ACK that finds only the
 // listener, a valid SYN cookie (the kernel answered the SYN with a cookie
 // under SYN-flood pressure and keeps no request socket). The IP and TCP
 // headers are at f's offsets in the frame (no TCP header when the flow
@@ -427,7 +433,7 @@ static __always_inline int holds_conn(void *ctx, struct flow *f, __u8 *data, voi
 	}
 	if (!sk)
 		return 0;
-	int held = sk->state != BPF_TCP_LISTEN_;
+	int held = sk->state != BPF_TCP_LISTEN_ && sk->state != BPF_TCP_TIME_WAIT_;
 	__u32 l3_off = f->l3_off, th_off = f->th_off;
 	if (!held && f->cookie && f->has_th && l3_off <= 64 && th_off <= 2048) {
 		__u8 *l3 = data + l3_off, *th = data + th_off;
@@ -967,18 +973,28 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 
 	__u32 reason = 0;
 	__u32 rkey = version * MAX_SLOTS + slot;
+	struct bucket_table *bt = bpf_map_lookup_elem(&buckets, &rkey);
+	__u8 raw = bt ? bt->state[bucket] : ST_NOT_OWNED;
+	__u8 st = raw & ST_MASK;
+	__u32 to = raw >> HAND_SHIFT;
+	// A SYN handed over by its bucket's previous owner is this node's
+	// while its own tables do not take the bucket's SYNs yet; once they do,
+	// it took the flooded copy of the same SYN already. A stalled node
+	// (its lease ended) takes none. Handed SYNs are counted apart, so that
+	// every node still judges each frame the client sends exactly once.
+	if (REWRITE && f->syn && !f->first_frag && to_me(ctx, s->mac)) {
+		if (st == ST_OWNED || st == ST_OWNED_DIRTY || lease_expired()) {
+			count(slot, C_HANDED_REFUSED);
+			return V_DROP;
+		}
+		count(slot, C_HANDED_IN);
+		return V_ACCEPT; // addressed to this host already
+	}
 	struct rule_info *ri = bpf_map_lookup_elem(&rules, &rkey);
 	if (ri && ri->disabled) {
 		reason = R_DISABLED;
 		goto verdict;
 	}
-	// A SYN handed over by its bucket's previous owner is this node's.
-	if (REWRITE && f->syn && !f->first_frag && to_me(ctx, s->mac))
-		goto verdict;
-	struct bucket_table *bt = bpf_map_lookup_elem(&buckets, &rkey);
-	__u8 raw = bt ? bt->state[bucket] : ST_NOT_OWNED;
-	__u8 st = raw & ST_MASK;
-	__u32 to = raw >> HAND_SHIFT;
 	if ((st == ST_OWNED || st == ST_OWNED_DIRTY) && lease_expired())
 		st = ST_DRAINING;
 
@@ -1000,7 +1016,9 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 	default:
 		reason = R_NOT_OWNED;
 	}
-	if (to && f->syn && !f->first_frag && (reason == R_NOT_OWNED || reason == R_DRAIN_NO_CONN))
+	// A stalled node hands nothing over: its view, and so who the new owner
+	// is, may be long out of date.
+	if (to && f->syn && !f->first_frag && (reason == R_NOT_OWNED || reason == R_DRAIN_NO_CONN) && !lease_expired())
 		return hand_over(ctx, version, slot, to, s->mac, reason);
 
 verdict:
