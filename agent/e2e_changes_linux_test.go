@@ -231,7 +231,8 @@ func runDrainstop(t *testing.T, l *lab.Lab) {
 				t.Errorf("drainstop: exit %d: %s", r.code, r.out)
 			}
 		case <-time.After(15 * time.Second):
-			t.Fatal("drainstop did not return after node3's connections closed")
+			st, err := client(t, l, "node3").Status(context.Background())
+			t.Fatalf("drainstop did not return after node3's connections closed: node3 %+v (%v)", st, err)
 		}
 		if st, err := client(t, l, "node3").Status(context.Background()); err != nil || st.Admin != "stopped" {
 			t.Errorf("node3 after drainstop: %s, %v; want stopped", st.Admin, err)

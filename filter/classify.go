@@ -15,6 +15,9 @@ type ConnLookup interface {
 	// neither a listener nor in TIME_WAIT (established, SYN_RECV, FIN_WAIT,
 	// ...) for the connection from client to vip.
 	HoldsConn(client, vip netip.AddrPort) bool
+	// TimeWait reports whether it holds one in TIME_WAIT (which counts
+	// for a FIN only: see the XDP program's holds_conn).
+	TimeWait(client, vip netip.AddrPort) bool
 	// ValidCookie reports whether a TCP ACK (no SYN, no RST) from client
 	// to vip completes a SYN-cookie handshake this node's listener
 	// answered (in XDP: bpf_tcp_check_syncookie). It is asked only when
@@ -27,6 +30,9 @@ type NoConns struct{}
 
 // HoldsConn always reports false.
 func (NoConns) HoldsConn(client, vip netip.AddrPort) bool { return false }
+
+// TimeWait always reports false.
+func (NoConns) TimeWait(client, vip netip.AddrPort) bool { return false }
 
 // ValidCookie always reports false.
 func (NoConns) ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool { return false }
@@ -136,6 +142,7 @@ type flow struct {
 	key      Key
 	tcp      bool // a TCP packet with a known 4-tuple (or an ICMP error about one)
 	syn      bool
+	fin      bool // a TCP FIN, itself (not quoted by ICMP)
 	cookie   bool // a TCP ACK without SYN or RST, itself (not quoted by ICMP)
 	seq, ack uint32
 	client   netip.AddrPort
@@ -312,7 +319,8 @@ func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
 // holds asks whether this node holds f's connection: a socket, or a valid
 // SYN cookie for an ACK that finds none.
 func (c *Classifier) holds(f *flow) bool {
-	return c.conns.HoldsConn(f.client, f.vip) || f.cookie && c.conns.ValidCookie(f.client, f.vip, f.seq, f.ack)
+	return c.conns.HoldsConn(f.client, f.vip) || f.fin && c.conns.TimeWait(f.client, f.vip) ||
+		f.cookie && c.conns.ValidCookie(f.client, f.vip, f.seq, f.ack)
 }
 
 // saneIPv4 reports whether the IPv4 header of ip is one parse accepts.
@@ -397,7 +405,8 @@ func (c *Classifier) ports(l4 []byte, proto Protocol, src, dst netip.Addr) (f fl
 	f.key = keyFor(cfg.Affinity(f.rule), src, sport)
 	if proto == ProtoTCP {
 		f.tcp = true
-		f.syn = l4[13]&0x12 == 0x02    // SYN without ACK
+		f.syn = l4[13]&0x12 == 0x02 // SYN without ACK
+		f.fin = l4[13]&0x01 != 0
 		f.cookie = l4[13]&0x16 == 0x10 // ACK without SYN or RST
 		f.seq, f.ack = binary.BigEndian.Uint32(l4[4:8]), binary.BigEndian.Uint32(l4[8:12])
 		f.client = netip.AddrPortFrom(src, sport)

@@ -27,6 +27,7 @@ type pkt struct {
 	sport    uint16
 	dport    uint16
 	syn, ack bool
+	fin      bool
 	icmpType uint8
 	mf       bool
 	fragOff  uint16 // in 8-byte units
@@ -60,7 +61,7 @@ func (p pkt) build() []byte {
 		b := p.transport(ip)
 		ls = append(ls, gopacket.Payload(b))
 	case p.proto == layers.IPProtocolTCP:
-		tcp := &layers.TCP{SrcPort: layers.TCPPort(p.sport), DstPort: layers.TCPPort(p.dport), SYN: p.syn, ACK: p.ack, Seq: 1, Window: 512}
+		tcp := &layers.TCP{SrcPort: layers.TCPPort(p.sport), DstPort: layers.TCPPort(p.dport), SYN: p.syn, ACK: p.ack, FIN: p.fin, Seq: 1, Window: 512}
 		if p.tcpOpts {
 			tcp.Options = []layers.TCPOption{{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{5, 0xb4}}}
 		}
@@ -438,7 +439,17 @@ func (g *gen) mangle(b []byte, vlan bool, f ipFields) []byte {
 // conns is a ConnLookup holding a fixed set of connections.
 type conns map[[2]netip.AddrPort]bool
 
-func (c conns) HoldsConn(client, vip netip.AddrPort) bool { return c[[2]netip.AddrPort{client, vip}] }
+// conns maps a connection to true for a live socket, false for one in
+// TIME_WAIT.
+func (c conns) HoldsConn(client, vip netip.AddrPort) bool {
+	live, ok := c[[2]netip.AddrPort{client, vip}]
+	return ok && live
+}
+
+func (c conns) TimeWait(client, vip netip.AddrPort) bool {
+	live, ok := c[[2]netip.AddrPort{client, vip}]
+	return ok && !live
+}
 
 // ValidCookie: the tests' nodes never answer with SYN cookies, but for
 // TestSynCookie, which runs a real handshake.

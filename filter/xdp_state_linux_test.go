@@ -34,6 +34,9 @@ func TestSocketLookup(t *testing.T) {
 	estICMP := pkt{src: netip.MustParseAddr("198.18.9.9"), dst: vip, proto: layers.IPProtocolICMPv4, icmpType: 3,
 		inner: embedded(pkt{src: vip, sport: 80, dst: conn[0].Addr(), dport: conn[0].Port(), proto: layers.IPProtocolTCP})}
 	timeWait := pkt{src: tw[0].Addr(), sport: tw[0].Port(), dst: vip, dport: tw[1].Port(), proto: layers.IPProtocolTCP, ack: true}
+	// The client's FIN, which a socket the server closed first waits for
+	// in TIME_WAIT's FIN_WAIT2 substate.
+	timeWaitFin := pkt{src: tw[0].Addr(), sport: tw[0].Port(), dst: vip, dport: tw[1].Port(), proto: layers.IPProtocolTCP, ack: true, fin: true}
 	// A new connection on the ports of one in TIME_WAIT here.
 	timeWaitSyn := pkt{src: tw[0].Addr(), sport: tw[0].Port(), dst: vip, dport: tw[1].Port(), proto: layers.IPProtocolTCP, syn: true}
 	unknown := pkt{src: stranger, sport: 40000, dst: vip, dport: 80, proto: layers.IPProtocolTCP, ack: true}
@@ -50,6 +53,7 @@ func TestSocketLookup(t *testing.T) {
 		{"dirty established", OwnedDirty, est, Accept},
 		{"dirty icmp error about established", OwnedDirty, estICMP, Accept},
 		{"dirty time-wait is no connection", OwnedDirty, timeWait, Drop},
+		{"dirty time-wait takes a fin", OwnedDirty, timeWaitFin, Accept},
 		{"dirty unknown (finds only the listener)", OwnedDirty, unknown, Drop},
 		{"dirty syn", OwnedDirty, syn, Accept},
 		{"dirty syn-ack is not a syn", OwnedDirty, synack, Drop},
@@ -57,6 +61,7 @@ func TestSocketLookup(t *testing.T) {
 		{"draining established", Draining, est, Accept},
 		{"draining icmp error about established", Draining, estICMP, Accept},
 		{"draining time-wait is no connection", Draining, timeWait, Drop},
+		{"draining time-wait takes a fin", Draining, timeWaitFin, Accept},
 		{"draining unknown", Draining, unknown, Drop},
 		{"draining syn", Draining, syn, Drop},
 		{"draining syn on a time-wait's ports is a new connection", Draining, timeWaitSyn, Drop},
@@ -78,7 +83,7 @@ func TestSocketLookup(t *testing.T) {
 			}
 			frame := tt.p.build()
 			ref := append([]byte(nil), frame...)
-			res := NewClassifier(tb, nodeMAC, conns{conn: true}).Classify(ref)
+			res := NewClassifier(tb, nodeMAC, conns{conn: true, tw: false}).Classify(ref)
 			if res.Verdict != tt.want {
 				t.Errorf("reference: %+v, want %v", res, tt.want)
 			}

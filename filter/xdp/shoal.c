@@ -324,6 +324,7 @@ struct flow {
 	__u32 nkey;
 	__u8 tcp;    // TCP with a known 4-tuple (or an ICMP error about one)
 	__u8 syn;
+	__u8 fin; // a TCP FIN, itself (not quoted by ICMP)
 	__u8 cookie; // a TCP ACK (no SYN, no RST) that may complete a SYN-cookie handshake
 	__u8 v6;
 	__u8 first_frag; // judge, and remember the verdict under fk
@@ -406,14 +407,16 @@ static __always_inline void copy16(__be32 *dst, __u8 *a)
 }
 
 // holds_conn asks the socket table whether this node holds a connection:
-// a socket that is neither a listener nor in TIME_WAIT (a closed
-// connection: the packet may belong to a new one on the same ports, held
-// by another node, which the TIME_WAIT socket's answer would reset; the
-// held-connection scans leave TIME_WAIT out too), or, for an ACK that finds only the
-// listener, a valid SYN cookie (the kernel answered the SYN with a cookie
-// under SYN-flood pressure and keeps no request socket). The IP and TCP
-// headers are at f's offsets in the frame (no TCP header when the flow
-// comes from an ICMP error).
+// a socket that is not a listener, and not in TIME_WAIT but for a FIN (a
+// closed connection: another packet may belong to a new one on the same
+// ports, held by another node, which the TIME_WAIT socket's answer would
+// reset; but a socket the server closed first waits in TIME_WAIT's
+// FIN_WAIT2 substate for the client's FIN, which the socket table cannot
+// tell apart), or, for an ACK that finds only the listener, a valid SYN
+// cookie (the kernel answered the SYN with a cookie under SYN-flood
+// pressure and keeps no request socket). The IP and TCP headers are at f's
+// offsets in the frame (no TCP header when the flow comes from an ICMP
+// error).
 static __always_inline int holds_conn(void *ctx, struct flow *f, __u8 *data, void *data_end)
 {
 	struct bpf_sock_tuple t = {};
@@ -433,7 +436,7 @@ static __always_inline int holds_conn(void *ctx, struct flow *f, __u8 *data, voi
 	}
 	if (!sk)
 		return 0;
-	int held = sk->state != BPF_TCP_LISTEN_ && sk->state != BPF_TCP_TIME_WAIT_;
+	int held = sk->state != BPF_TCP_LISTEN_ && (sk->state != BPF_TCP_TIME_WAIT_ || f->fin);
 	__u32 l3_off = f->l3_off, th_off = f->th_off;
 	if (!held && f->cookie && f->has_th && l3_off <= 64 && th_off <= 2048) {
 		__u8 *l3 = data + l3_off, *th = data + th_off;
@@ -631,6 +634,7 @@ static __always_inline int l4_ports(struct flow *f, int v6, __u8 *ip, __u8 *l4, 
 		if (l4 + 20 > (__u8 *)data_end)
 			return P_MALFORMED; // checked above; clang may merge the checks
 		f->syn = (l4[13] & 0x12) == 0x02;
+		f->fin = (l4[13] & 0x01) != 0;
 		f->cookie = (l4[13] & 0x16) == 0x10; // ACK without SYN or RST
 		*th = l4;
 		tcp_tuple(f, v6, src_addr(v6, ip), dst_addr(v6, ip), *(__u16 *)l4, *(__u16 *)(l4 + 2));
