@@ -987,7 +987,10 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 	// (its lease ended) takes none. Handed SYNs are counted apart, so that
 	// every node still judges each frame the client sends exactly once.
 	if (REWRITE && f->syn && !f->first_frag && to_me(ctx, s->mac)) {
-		if (st == ST_OWNED || st == ST_OWNED_DIRTY || lease_expired()) {
+		// Refused too when the flooded copy made a request socket here
+		// already (this node took it just before its tables let go).
+		if (st == ST_OWNED || st == ST_OWNED_DIRTY || lease_expired() ||
+		    holds_conn(ctx, f, (void *)(long)ctx->data, (void *)(long)ctx->data_end)) {
 			count(slot, C_HANDED_REFUSED);
 			return V_DROP;
 		}
