@@ -240,10 +240,10 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 	switch {
 	case f.syn && !fr.first && [6]byte(frame[0:6]) == c.mac:
 		// Handed over by the bucket's previous owner: this node's while
-		// its tables do not take the bucket's SYNs yet, and it did not
-		// take the flooded copy (a request socket) just before.
+		// its tables hold the bucket draining (about to acquire it), and
+		// it did not take the flooded copy (a request socket) just before.
 		res.Handed = true
-		if st := res.State; c.leaseExpired || st == Owned || st == OwnedDirty || c.holds(f) {
+		if c.leaseExpired || res.State != Draining || c.holds(f) {
 			res.Verdict = Drop
 		} else {
 			res.Verdict = Accept

@@ -105,8 +105,9 @@ type Result struct {
 	State   BucketState
 	To      [6]byte // HandOver: the MAC the frame goes to
 	// Handed: a SYN another node handed over to this one (addressed to its
-	// MAC): Accept while this node's tables do not take the bucket's SYNs
-	// yet, Drop once they do (it took the flooded copy) or its lease ended.
+	// MAC): Accept while this node's tables hold the bucket draining
+	// (about to acquire it), Drop otherwise (it took the flooded copy, the
+	// bucket is not its own, or its lease ended).
 	// Counted apart from the frames the client sent.
 	Handed bool
 }

@@ -982,14 +982,16 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 	__u8 st = raw & ST_MASK;
 	__u32 to = raw >> HAND_SHIFT;
 	// A SYN handed over by its bucket's previous owner is this node's
-	// while its own tables do not take the bucket's SYNs yet; once they do,
-	// it took the flooded copy of the same SYN already. A stalled node
-	// (its lease ended) takes none. Handed SYNs are counted apart, so that
-	// every node still judges each frame the client sends exactly once.
+	// while its tables hold the bucket draining: about to be acquired (or
+	// draining its own connections). Not once they take the bucket's SYNs
+	// (it took the flooded copy of the same SYN), nor when the bucket is
+	// not this node's at all (the handing node's view is older: the SYN
+	// would land on a node that neither serves nor announces it), nor on a
+	// stalled node (its lease ended), nor when the flooded copy made a
+	// request socket here just before the tables let go. Handed SYNs are
+	// counted apart, so every node still judges each client frame once.
 	if (REWRITE && f->syn && !f->first_frag && to_me(ctx, s->mac)) {
-		// Refused too when the flooded copy made a request socket here
-		// already (this node took it just before its tables let go).
-		if (st == ST_OWNED || st == ST_OWNED_DIRTY || lease_expired() ||
+		if (st != ST_DRAINING || lease_expired() ||
 		    holds_conn(ctx, f, (void *)(long)ctx->data, (void *)(long)ctx->data_end)) {
 			count(slot, C_HANDED_REFUSED);
 			return V_DROP;
