@@ -31,11 +31,17 @@ func FuzzClassify(f *testing.F) {
 			if !bytes.Equal(frame, orig) {
 				t.Fatalf("%v changed the frame", res.Verdict)
 			}
+		case HandOver:
+			if !bytes.Equal(frame[:6], res.To[:]) || !bytes.Equal(frame[6:12], nodeMAC) || !bytes.Equal(frame[12:], orig[12:]) {
+				t.Fatalf("handed-over frame changed beyond its MACs")
+			}
 		default:
 			t.Fatalf("verdict %v", res.Verdict)
 		}
-		if res.Verdict != Drop && res.Reason != NoReason || res.Verdict == Drop && res.Reason == NoReason {
-			t.Fatalf("verdict %v with reason %v", res.Verdict, res.Reason)
+		// A drop says why, but for a SYN handed over to this node and
+		// refused (counted apart, under no reason).
+		if res.Verdict != Drop && res.Reason != NoReason || res.Verdict == Drop && (res.Reason == NoReason) != res.Handed {
+			t.Fatalf("verdict %v with reason %v (handed over here: %v)", res.Verdict, res.Reason, res.Handed)
 		}
 	})
 }
