@@ -301,7 +301,7 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 				continue // its bucket numbers mean other flows now
 			}
 			for b, v := range st {
-				if (v == filter.Owned || v == filter.OwnedDirty) && nst != nil && nst[b] != filter.Owned && nst[b] != filter.OwnedDirty {
+				if v.TakesSYNs() && nst != nil && !nst[b].TakesSYNs() {
 					if r.released == nil {
 						r.released = filter.Set{}
 					}
@@ -489,7 +489,7 @@ func releases(last *filter.Tables, accept filter.Set) bool {
 			continue
 		}
 		for b, v := range st {
-			if (v == filter.Owned || v == filter.OwnedDirty) && !accept.Has(id, uint16(b)) {
+			if v.TakesSYNs() && !accept.Has(id, uint16(b)) {
 				return true
 			}
 		}

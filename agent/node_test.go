@@ -107,7 +107,7 @@ func (d *fakeDP) setRefuse(f func(*filter.Tables) bool) { d.refuse.Store(&f) }
 func accepting(t *filter.Tables) bool {
 	for _, states := range t.States {
 		for _, s := range states {
-			if s == filter.Owned || s == filter.OwnedDirty {
+			if s.TakesSYNs() {
 				return true
 			}
 		}
@@ -225,7 +225,7 @@ func (c *testCluster) owners() [filter.NumBuckets]int {
 			continue
 		}
 		for b, s := range t.States[1] {
-			if s == filter.Owned || s == filter.OwnedDirty {
+			if s.TakesSYNs() {
 				out[b]++
 			}
 		}
@@ -464,7 +464,7 @@ func TestReleasedBucketsDrainUntilScanned(t *testing.T) {
 		}
 		mu.Lock()
 		for b, s := range prev.States[1] {
-			if (s == filter.Owned || s == filter.OwnedDirty) && next.States[1][b] == filter.NotOwned {
+			if s.TakesSYNs() && next.States[1][b] == filter.NotOwned {
 				straight = append(straight, b)
 			}
 		}
@@ -586,7 +586,7 @@ func TestReleasedSYNsHandedOver(t *testing.T) {
 	k2 := n2.dp.kernel.Load()
 	var moved, handedMoved, pendingMoved int
 	for b, st := range k2.States[1] {
-		if st != filter.Owned && st != filter.OwnedDirty {
+		if !st.TakesSYNs() {
 			if handed[b] {
 				t.Errorf("node 1 handed bucket %d over, which node 2 does not own", b)
 			}

@@ -98,6 +98,10 @@ const (
 	Draining                      // accept only packets of connections I hold
 )
 
+// TakesSYNs reports whether a bucket in state s takes new connections
+// (Owned, OwnedDirty).
+func (s BucketState) TakesSYNs() bool { return s == Owned || s == OwnedDirty }
+
 func (s BucketState) String() string {
 	switch s {
 	case NotOwned:
