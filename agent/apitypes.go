@@ -84,6 +84,9 @@ type NodeInfo struct {
 	Live         bool          `json:"live"`
 	Healthy      bool          `json:"healthy"`
 	Eligible     bool          `json:"eligible"`
+	// RulesIndex is the rules index the node has applied: this node's
+	// own, a peer's as its last heartbeat advertised it (0 if unheard).
+	RulesIndex uint64 `json:"rules_index"`
 	// Share is the fraction of each rule's buckets the node owns in the
 	// current view (the default rule is "0").
 	Share         map[filter.RuleID]float64 `json:"share"`

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"strings"
@@ -302,95 +301,6 @@ func TestFailedPushLeavesTheEligibleSet(t *testing.T) {
 		}
 		return c.checkOwners() && accepting(n3.dp.kernel.Load())
 	})
-}
-
-// TestHeartbeatsKeepTimeUnderSlowWork: heartbeats go out every period,
-// within 10%, while table pushes and socket scans that each take three
-// periods run, and while metrics are scraped 20 at a time. Node 2 is only a
-// UDP socket that timestamps what node 1 sends.
-func TestHeartbeatsKeepTimeUnderSlowWork(t *testing.T) {
-	const period = 100 * time.Millisecond
-	c := newTestCluster(t, 2, period)
-	peer := c.nodes[1].link // never started: the test reads node 1's heartbeats from its socket
-	n1 := c.nodes[0]
-	n1.dp.delay.Store(int64(3 * period))
-	n1.scan.Store(int64(3 * period))
-	c.start(1)
-
-	type arrival struct {
-		at  time.Time
-		seq uint64
-	}
-	arrivals := make(chan arrival, 1000)
-	go peer.Serve(func(m *heartbeat.Message, _ netip.AddrPort) { arrivals <- arrival{time.Now(), m.Seq} })
-
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	// Rules change every 250 ms: each is a new view, so a slow scan and a
-	// slow push, and the new view waits for them.
-	wg.Go(func() {
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				c.rules.set(func(st *rules.State) { st.Settings.HashSeed++ })
-			}
-		}
-	})
-	// Scrapes, 20 at a time, a round every period.
-	h := metricsHandler(n1.n)
-	scrapes := atomic.Int64{}
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			var round sync.WaitGroup
-			for range 20 {
-				round.Go(func() {
-					h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/metrics", nil))
-					scrapes.Add(1)
-				})
-			}
-			round.Wait()
-			time.Sleep(period)
-		}
-	})
-
-	// The first heartbeat waits for the first tables; then measure 3 s.
-	select {
-	case <-arrivals:
-	case <-time.After(10 * time.Second):
-		t.Fatal("node 1 sent no heartbeat")
-	}
-	var got []arrival
-	start := time.Now()
-	for time.Since(start) < 3*time.Second {
-		select {
-		case a := <-arrivals:
-			got = append(got, a)
-		case <-time.After(time.Second):
-			t.Fatal("node 1 sent no heartbeat for a second")
-		}
-	}
-	cancel()
-	if len(got) < 25 {
-		t.Fatalf("%d heartbeats in 3 s, want about 30", len(got))
-	}
-	var worst time.Duration
-	for i := 1; i < len(got); i++ {
-		gap := got[i].at.Sub(got[i-1].at)
-		worst = max(worst, gap)
-		if gap > period*11/10 {
-			t.Errorf("heartbeat %d came %v after the previous one (period %v)", got[i].seq, gap.Round(time.Millisecond), period)
-		}
-	}
-	pushes, scans := n1.dp.updates.Load(), n1.scans.Load()
-	t.Logf("%d heartbeats, longest gap %v, %d slow pushes, %d slow scans, %d scrapes", len(got), worst.Round(time.Millisecond), pushes, scans, scrapes.Load())
-	if pushes < 5 || scans < 5 || scrapes.Load() < 400 {
-		t.Errorf("the slow work did not run: %d pushes, %d scans, %d scrapes", pushes, scans, scrapes.Load())
-	}
 }
 
 // TestGracefulStopHandsOff: a node that stops hands its buckets over

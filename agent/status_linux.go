@@ -82,9 +82,9 @@ func (a *Agent) query() Query {
 			Eligible: hb.View.Has(uint32(n.ID)), HeartbeatAddr: n.HeartbeatAddr, APIAddr: n.APIAddr,
 			Share: map[filter.RuleID]float64{}}
 		if n.ID == self {
-			ni.Live, ni.Healthy = true, a.healthy()
+			ni.Live, ni.Healthy, ni.RulesIndex = true, a.healthy(), rs.Index
 		} else if i, ok := peers[n.ID]; ok {
-			ni.Live, ni.Healthy = hb.Peers[i].Live, hb.Peers[i].Healthy
+			ni.Live, ni.Healthy, ni.RulesIndex = hb.Peers[i].Live, hb.Peers[i].Healthy, hb.Peers[i].RulesIndex
 		}
 		for id, t := range owners.Rules {
 			k := 0

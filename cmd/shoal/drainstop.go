@@ -50,14 +50,30 @@ func waitDrained(ctx context.Context, cl *agent.Client, c *cli.Context, node str
 	defer tick.Stop()
 	lastPrint := time.Time{}
 	drained := false
+	var stoppedAt time.Time
 	for {
-		admin, conns, err := drainProgress(ctx, cl, node)
+		p, err := drainProgress(ctx, cl, node)
 		if err != nil {
 			return err
 		}
+		admin, conns := p.admin, p.conns
 		if admin == "stopped" {
-			fmt.Fprintf(c.App.Writer, "%s: stopped after %s\n", nodeLabel(node), time.Since(start).Round(time.Millisecond))
-			return nil
+			// The node asked has applied the stop; the node drained may
+			// not have yet (a heartbeat or two later): wait for it to,
+			// so that what it says of itself agrees once this returns.
+			if stoppedAt.IsZero() {
+				stoppedAt = time.Now()
+			}
+			if p.applied || time.Since(stoppedAt) >= applyGrace {
+				fmt.Fprintf(c.App.Writer, "%s: stopped after %s\n", nodeLabel(node), time.Since(start).Round(time.Millisecond))
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-tick.C:
+			}
+			continue
 		}
 		// Reads are local: the node asked may not have applied the drain
 		// yet, so a state from before it is not yet an answer.
@@ -88,24 +104,31 @@ func waitDrained(ctx context.Context, cl *agent.Client, c *cli.Context, node str
 	}
 }
 
-// drainProgress returns the node's admin state and, for this node, the
-// number of connections it still holds (-1 when unknown).
-func drainProgress(ctx context.Context, cl *agent.Client, node string) (string, int, error) {
+// progress is a drained node's state as the node asked sees it.
+type progress struct {
+	admin string
+	conns int // connections it still holds; -1 when unknown (another node)
+	// applied: the drained node itself has applied the rules the node
+	// asked holds (or cannot be heard, so cannot be waited for).
+	applied bool
+}
+
+func drainProgress(ctx context.Context, cl *agent.Client, node string) (progress, error) {
 	st, err := cl.Status(ctx)
 	if err != nil {
-		return "", 0, err
+		return progress{}, err
 	}
 	if node == "" || node == st.NodeName {
-		return st.Admin, st.Connections, nil
+		return progress{admin: st.Admin, conns: st.Connections, applied: true}, nil
 	}
 	q, err := cl.Query(ctx)
 	if err != nil {
-		return "", 0, err
+		return progress{}, err
 	}
 	for _, n := range q.Nodes {
 		if n.Name == node {
-			return n.Admin, -1, nil
+			return progress{admin: n.Admin, conns: -1, applied: !n.Live || n.RulesIndex >= q.RulesIndex}, nil
 		}
 	}
-	return "", 0, fmt.Errorf("node %s is not registered", node)
+	return progress{}, fmt.Errorf("node %s is not registered", node)
 }

@@ -125,6 +125,7 @@ type fakeAgent struct {
 	mu       sync.Mutex
 	requests []string
 	status   agent.Status
+	query    agent.Query
 }
 
 func startFake(t *testing.T, f *fakeAgent) string {
@@ -140,11 +141,13 @@ func startFake(t *testing.T, f *fakeAgent) string {
 		body.ReadFrom(r.Body)
 		f.mu.Lock()
 		f.requests = append(f.requests, r.Method+" "+r.URL.Path+" "+strings.TrimSpace(body.String()))
-		st := f.status
+		st, q := f.status, f.query
 		f.mu.Unlock()
 		switch r.URL.Path {
 		case "/v1/status":
 			json.NewEncoder(w).Encode(st)
+		case "/v1/query":
+			json.NewEncoder(w).Encode(q)
 		case "/v1/admin":
 			var req agent.AdminRequest
 			json.Unmarshal(body.Bytes(), &req)
@@ -225,6 +228,38 @@ func TestDrainstopFinishes(t *testing.T) {
 	out, code := run(t, "--socket", sock, "drainstop", "--timeout", "10s")
 	if code != 0 || !strings.Contains(out, "stopped after") {
 		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+}
+
+// TestDrainstopWaitsForTheDrainedNode: asked through another node,
+// drainstop returns once the drained node itself has applied its stop (its
+// heartbeats advertise the rules index the node asked holds), not as soon
+// as the node asked has: a query of the drained node then says stopped.
+func TestDrainstopWaitsForTheDrainedNode(t *testing.T) {
+	f := &fakeAgent{status: agent.Status{NodeName: "node1", Admin: "started"}, query: agent.Query{RulesIndex: 7,
+		Nodes: []agent.NodeInfo{{Name: "node1", Admin: "started", Live: true, RulesIndex: 7},
+			{Name: "node3", Admin: "stopped", Live: true, RulesIndex: 6}}}}
+	sock := startFake(t, f)
+	done := make(chan struct{})
+	go func() {
+		out, code := run(t, "--socket", sock, "drainstop", "--node", "node3", "--timeout", "10s")
+		if code != 0 || !strings.Contains(out, "node3: stopped after") {
+			t.Errorf("exit %d, output:\n%s", code, out)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Fatal("drainstop returned while node3 had not applied its stop")
+	case <-time.After(500 * time.Millisecond):
+	}
+	f.mu.Lock()
+	f.query.Nodes[1].RulesIndex = 7
+	f.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("drainstop did not return once node3 applied its stop")
 	}
 }
 
