@@ -331,6 +331,7 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 			for b, o := range own {
 				if o == r.self && st[b] == filter.NotOwned && !accept.Has(id, uint16(b)) {
 					st[b] = filter.Draining
+					handTo(t, id)[b] = filter.HandPending
 				}
 			}
 		}
@@ -352,7 +353,7 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 			}
 			i, ok := index[o]
 			if !ok {
-				if len(index)+1 >= filter.MaxHandTo {
+				if len(index)+1 >= filter.HandPending {
 					continue
 				}
 				mac := peerMAC(s.rs, o, macs)
@@ -367,17 +368,22 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 			if i == 0 {
 				continue
 			}
-			if t.HandTo == nil {
-				t.HandTo = map[filter.RuleID]*[filter.NumBuckets]uint8{}
-			}
-			h := t.HandTo[id]
-			if h == nil {
-				h = new([filter.NumBuckets]uint8)
-				t.HandTo[id] = h
-			}
-			h[b] = i
+			handTo(t, id)[b] = i
 		}
 	}
+}
+
+// handTo returns t's hand-over indexes of rule id, made if missing.
+func handTo(t *filter.Tables, id filter.RuleID) *[filter.NumBuckets]uint8 {
+	if t.HandTo == nil {
+		t.HandTo = map[filter.RuleID]*[filter.NumBuckets]uint8{}
+	}
+	h := t.HandTo[id]
+	if h == nil {
+		h = new([filter.NumBuckets]uint8)
+		t.HandTo[id] = h
+	}
+	return h
 }
 
 // handCount counts the buckets whose SYNs t hands over.
@@ -385,7 +391,7 @@ func handCount(t *filter.Tables) int {
 	n := 0
 	for _, h := range t.HandTo {
 		for _, i := range h {
-			if i != 0 {
+			if i != 0 && i != filter.HandPending {
 				n++
 			}
 		}

@@ -456,7 +456,8 @@ func TestReleasedSYNsHandedOver(t *testing.T) {
 	var mu sync.Mutex
 	handed := map[int]bool{}  // buckets of rule 1 node 1 handed over at some point
 	wrongMAC := 0             // hand-overs to another MAC than node 2's
-	pending := map[int]bool{} // buckets node 2 served held connections in before it took them
+	pending1 := 0             // buckets node 1 marked pending: it gains none, so none may take a handed SYN
+	pending := map[int]bool{} // buckets node 2 served held connections in, and took handed SYNs in, before it took them
 	watch1 := func(_, next *filter.Tables) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -465,7 +466,10 @@ func TestReleasedSYNsHandedOver(t *testing.T) {
 			return
 		}
 		for b, i := range h {
-			if i == 0 {
+			if i == filter.HandPending {
+				pending1++
+			}
+			if i == 0 || i == filter.HandPending {
 				continue
 			}
 			handed[b] = true
@@ -479,8 +483,9 @@ func TestReleasedSYNsHandedOver(t *testing.T) {
 	watch2 := func(_, next *filter.Tables) {
 		mu.Lock()
 		defer mu.Unlock()
+		h := next.HandTo[1]
 		for b, st := range next.States[1] {
-			if st == filter.Draining {
+			if st == filter.Draining && h != nil && h[b] == filter.HandPending {
 				pending[b] = true
 			}
 		}
@@ -514,9 +519,12 @@ func TestReleasedSYNsHandedOver(t *testing.T) {
 		t.Errorf("node 1 handed over %d of the %d buckets node 2 took from it", handedMoved, moved)
 	}
 	if pendingMoved != moved {
-		t.Errorf("node 2 served held connections in %d of the %d buckets it took before taking them", pendingMoved, moved)
+		t.Errorf("node 2 held %d of the %d buckets it took pending (draining, taking handed SYNs) before taking them", pendingMoved, moved)
 	}
 	if wrongMAC > 0 {
 		t.Errorf("%d hand-overs to another MAC than node 2's", wrongMAC)
+	}
+	if pending1 > 0 {
+		t.Errorf("node 1, which only released buckets, marked %d pending (taking handed SYNs where it drains)", pending1)
 	}
 }

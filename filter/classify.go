@@ -240,10 +240,11 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 	switch {
 	case f.syn && !fr.first && [6]byte(frame[0:6]) == c.mac:
 		// Handed over by the bucket's previous owner: this node's while
-		// its tables hold the bucket draining (about to acquire it), and
-		// it did not take the flooded copy (a request socket) just before.
+		// its tables hold the bucket draining and pending (about to
+		// acquire it), and it did not take the flooded copy (a request
+		// socket) just before.
 		res.Handed = true
-		if c.leaseExpired || res.State != Draining || c.holds(f) {
+		if c.leaseExpired || res.State != Draining || !c.t.pending(f.rule, bucket) || c.holds(f) {
 			res.Verdict = Drop
 		} else {
 			res.Verdict = Accept

@@ -268,8 +268,9 @@ func (g *gen) tables() *Tables {
 		t.States[id] = st
 	}
 	if g.rng.IntN(2) == 0 {
-		// Hand-overs: indexes 1-7 and one past the limit; index 5 has no
-		// MAC (the SYN is dropped).
+		// Hand-overs: indexes 1-7, pending buckets (where a SYN handed
+		// over here is taken) and one past the limit; index 5 has no MAC
+		// (the SYN is dropped).
 		t.HandTo = map[RuleID]*[NumBuckets]uint8{}
 		for i := 1; i < 8; i++ {
 			if i != 5 {
@@ -282,6 +283,8 @@ func (g *gen) tables() *Tables {
 				switch k := g.rng.IntN(40); {
 				case k == 0:
 					h[b] = MaxHandTo + 1
+				case k < 6:
+					h[b] = HandPending
 				case k < 20:
 					h[b] = uint8(g.rng.IntN(8))
 				}

@@ -116,9 +116,20 @@ func (s BucketState) String() string {
 	return "invalid"
 }
 
-// MaxHandTo is how many MACs one set of tables can hand SYNs over to;
-// hand-over index 0 is none.
+// MaxHandTo bounds the hand-over indexes of one set of tables: 0 is none,
+// 1 to MaxHandTo-2 index HandMACs, and HandPending marks a bucket about to
+// be acquired.
 const MaxHandTo = 64
+
+// HandPending, as a bucket's HandTo index, marks a DRAINING bucket this
+// node owns in its view and is about to acquire: the one kind of bucket a
+// SYN handed over to this node is taken in. A bucket draining because this
+// node released it holds the same state byte otherwise, and a SYN handed
+// there by a node a view behind (to the bucket's owner in that view) must
+// not be taken: the owner in the newer view takes the flooded copy too
+// (a join followed within the hand-over grace by a weight change answered
+// one SYN from two nodes, and the client was reset).
+const HandPending = MaxHandTo - 1
 
 // Tables is one node's complete data-plane input: the config that maps
 // packets to rules and buckets, and the node's state for every bucket.
@@ -133,10 +144,16 @@ type Tables struct {
 	HandMACs [MaxHandTo][6]byte
 }
 
+// pending reports whether bucket b of rule id is marked HandPending.
+func (t *Tables) pending(id RuleID, b uint16) bool {
+	h := t.HandTo[id]
+	return h != nil && h[b] == HandPending
+}
+
 // handTo returns the MAC a SYN in bucket b of rule id is handed over to.
 func (t *Tables) handTo(id RuleID, b uint16) ([6]byte, bool) {
 	h := t.HandTo[id]
-	if h == nil || h[b] == 0 || int(h[b]) >= MaxHandTo {
+	if h == nil || h[b] == 0 || h[b] >= HandPending {
 		return [6]byte{}, false
 	}
 	mac := t.HandMACs[h[b]]

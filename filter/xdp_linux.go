@@ -242,13 +242,18 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 		if err := x.objs.Rules.Update(key, &ri, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("update xdp rule %d: %w", id, err)
 		}
+		// A rule without states is NOT_OWNED throughout; its hand-over
+		// indexes still apply.
 		bt = shoalBucketTable{}
 		if st := t.States[id]; st != nil {
-			hand := t.HandTo[id]
 			for b, v := range st {
 				bt.State[b] = uint8(v)
-				if hand != nil && hand[b] < MaxHandTo {
-					bt.State[b] |= hand[b] << handShift
+			}
+		}
+		if hand := t.HandTo[id]; hand != nil {
+			for b, h := range hand {
+				if h < MaxHandTo {
+					bt.State[b] |= h << handShift
 				}
 			}
 		}

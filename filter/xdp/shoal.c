@@ -39,6 +39,10 @@
 #define ST_MASK 3
 #define HAND_SHIFT 2
 #define MAX_HAND 64 // hand-over MACs per version (filter.MaxHandTo)
+// The hand-over index of a draining bucket about to be acquired here: the
+// one kind of bucket a SYN handed over to this node is taken in
+// (filter.HandPending).
+#define HAND_PENDING (MAX_HAND - 1)
 
 // Counter indexes: 0 accepted, then filter.DropReason.
 #define C_ACCEPTED 0
@@ -925,11 +929,12 @@ static __always_inline int to_me(shoal_ctx *ctx, __u8 *mac)
 // as source), which takes it whatever its tables say (to_me): until the new
 // owner's tables take the bucket, no SYN falls between the two. Without a
 // MAC to hand to (or in the tc build) the SYN is dropped for reason.
+// HAND_PENDING is no MAC: such a bucket is this node's to acquire.
 static __always_inline int hand_over(shoal_ctx *ctx, __u32 version, __u32 slot, __u32 to, __u8 *mac, __u32 reason)
 {
 	struct hand_table *ht = bpf_map_lookup_elem(&hand, &version);
 	struct ethhdr *eth = (void *)(long)ctx->data;
-	if (!REWRITE || !ht || to >= MAX_HAND || (void *)(eth + 1) > (void *)(long)ctx->data_end)
+	if (!REWRITE || !ht || to >= HAND_PENDING || (void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return drop(slot, reason);
 	__u8 *dst = ht->mac[to];
 	if (!(dst[0] | dst[1] | dst[2] | dst[3] | dst[4] | dst[5]))
@@ -982,16 +987,18 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 	__u8 st = raw & ST_MASK;
 	__u32 to = raw >> HAND_SHIFT;
 	// A SYN handed over by its bucket's previous owner is this node's
-	// while its tables hold the bucket draining: about to be acquired (or
-	// draining its own connections). Not once they take the bucket's SYNs
-	// (it took the flooded copy of the same SYN), nor when the bucket is
-	// not this node's at all (the handing node's view is older: the SYN
-	// would land on a node that neither serves nor announces it), nor on a
-	// stalled node (its lease ended), nor when the flooded copy made a
-	// request socket here just before the tables let go. Handed SYNs are
-	// counted apart, so every node still judges each client frame once.
+	// while its tables hold the bucket pending: draining, about to be
+	// acquired. Not once they take the bucket's SYNs (it took the flooded
+	// copy of the same SYN), nor when the bucket is not this node's at all
+	// or drains because this node released it (the handing node's view is
+	// older: the SYN would land on a node that neither serves nor
+	// announces it, while the owner in the newer view takes the flooded
+	// copy), nor on a stalled node (its lease ended), nor when the flooded
+	// copy made a request socket here just before the tables let go.
+	// Handed SYNs are counted apart, so every node still judges each
+	// client frame once.
 	if (REWRITE && f->syn && !f->first_frag && to_me(ctx, s->mac)) {
-		if (st != ST_DRAINING || lease_expired() ||
+		if (st != ST_DRAINING || to != HAND_PENDING || lease_expired() ||
 		    holds_conn(ctx, f, (void *)(long)ctx->data, (void *)(long)ctx->data_end)) {
 			count(slot, C_HANDED_REFUSED);
 			return V_DROP;
