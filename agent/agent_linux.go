@@ -265,6 +265,12 @@ func (a *Agent) runNode(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(context.Background(), connsTimeout)
 	left := a.node.drained(cctx)
 	cancel()
+	// The peers acquire once they hear this node's last heartbeat (it
+	// keeps nothing for them any more); its hand-overs bridge that, for a
+	// heartbeat period at least.
+	if rest := a.store.State().Settings.HeartbeatPeriod - (time.Since(start) - took); ok && rest > 0 {
+		time.Sleep(rest)
+	}
 	a.log.Info("handed off", "complete", ok, "took", took.Round(time.Millisecond),
 		"connections_cut", left, "waited_for_connections", (time.Since(start) - took).Round(time.Millisecond))
 	stop()

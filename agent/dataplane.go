@@ -77,6 +77,8 @@ type reconciler struct {
 	released    filter.Set      // buckets handView's change released: SYNs there are handed over
 	handView    heartbeat.View  // the view released belongs to
 	handUntil   time.Time       // when released is cleared (zero: the view has not converged)
+	kept        filter.Set      // the buckets the last tables keep for owners not ready (keeping)
+	keepUntil   time.Time       // when keeping ends for this view at the latest (keepFor)
 	wg          sync.WaitGroup
 }
 
@@ -145,13 +147,18 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	retry := !r.healthy && !now.Before(r.failedAt.Add(r.backoff))
 	mac := r.mac()
 	handEnds := len(r.released) > 0 && !r.handUntil.IsZero() && !now.Before(r.handUntil)
-	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && string(mac) == r.pushedMAC {
+	keepEnds := len(r.kept) > 0 && !now.Before(r.keepUntil)
+	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && !keepEnds && string(mac) == r.pushedMAC {
 		r.finishDrain(ctx, now, s)
 		return r.wakeIn(now)
 	}
 	t0 := r.now()
 	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
-	if !s.hb.View.Equal(r.scannedView) || r.held.cfg != s.fcfg {
+	keep := r.keeping(now, s, accept.Buckets)
+	if len(keep) > 0 {
+		accept = filter.Grant{Buckets: union(accept.Buckets, keep), Maps: accept.Maps}
+	}
+	if viewChanged := !s.hb.View.Equal(r.scannedView) || r.held.cfg != s.fcfg; viewChanged || len(r.kept) > 0 {
 		r.scannedView = s.hb.View
 		// The view releases buckets (or changed the rules, or these are
 		// the first tables). Until they are in, this node still answers
@@ -163,6 +170,8 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		// heartbeat that advertises the view nor a new owner's push.
 		// Otherwise nothing left the accepting set and the connections
 		// held are where the last scan saw them.
+		// (A view that kept buckets for their new owners releases them
+		// later, once those advertise it.)
 		if r.last.tables == nil || s.hb.Inheriting || r.held.cfg != s.fcfg || releases(r.last.tables, accept.Buckets) {
 			r.epoch++
 			r.held = held{set: mayHold(s.fcfg, r.last.tables, r.held, s.hb.Inheriting), conns: r.held.conns,
@@ -195,7 +204,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	if t3 := r.now(); r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("tables pushed", "at", stamp(t3), "gen", s.gen, "view", s.hb.View.Eligible, "rules", s.hb.View.RulesIndex,
 			"converged", s.hb.Converged, "skipped", same, "owned", stateCounts(p.tables, filter.Owned), "dirty", stateCounts(p.tables, filter.OwnedDirty),
-			"draining", stateCounts(p.tables, filter.Draining), "handed_over", handCount(p.tables),
+			"draining", stateCounts(p.tables, filter.Draining), "handed_over", handCount(p.tables), "kept", keep.Count(),
 			"scan", t1.Sub(t0), "plan", t2.Sub(t1), "update", t3.Sub(t2), "since_adopted", t3.Sub(s.hb.AdoptedAt))
 	}
 	if !r.healthy && !now.Before(r.failedAt.Add(r.backoff)) {
@@ -213,8 +222,9 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		r.polling, r.rescan = poll, false
 		r.trk.request(s.fcfg, poll, r.epoch)
 	}
+	r.kept = keep
 	r.out.put(pushReport{snap: s, ok: true, healthy: r.healthy,
-		draining: toHeartbeat(p.draining), conns: r.held.conns})
+		draining: toHeartbeat(p.draining), conns: r.held.conns, keeping: len(keep) > 0})
 	r.publish()
 	r.onPush(s)
 	// The view change itself is logged by onPush, with its cause.
@@ -257,7 +267,21 @@ func (r *reconciler) wakeIn(now time.Time) time.Duration {
 	if len(r.released) > 0 && !r.handUntil.IsZero() {
 		d = min(d, r.handUntil.Sub(now))
 	}
+	if len(r.kept) > 0 {
+		d = min(d, r.keepUntil.Sub(now))
+	}
 	return d
+}
+
+// keepFor is how long after adopting a view a node keeps buckets for
+// owners that do not advertise it yet: half the tolerance, longer than any
+// owner takes to apply the view when it can (Raft's apply on a follower
+// came up to about 100 ms after the leader's under load), short enough
+// that an owner that cannot (a one-way fault) holds up nobody's
+// convergence for long; past it the buckets are released as without
+// keeping, and their SYNs dropped until the owner acquires.
+func keepFor(s *memberSnap) time.Duration {
+	return s.rs.Settings.HeartbeatPeriod * time.Duration(max(s.rs.Settings.HeartbeatTolerance/2, 1))
 }
 
 // handGrace is how many heartbeat periods SYNs are still handed over after
@@ -329,7 +353,9 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 				continue
 			}
 			for b, o := range own {
-				if o == r.self && st[b] == filter.NotOwned && !accept.Has(id, uint16(b)) {
+				// (Draining already where it may hold connections of its
+				// own, as every bucket does after a rules change.)
+				if o == r.self && !st[b].TakesSYNs() && !accept.Has(id, uint16(b)) {
 					st[b] = filter.Draining
 					handTo(t, id)[b] = filter.HandPending
 				}
@@ -371,6 +397,58 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 			handTo(t, id)[b] = i
 		}
 	}
+}
+
+// keeping returns the buckets the last tables took SYNs in that this view
+// gives to a peer that does not advertise the view yet: its tables do not
+// hold them pending, and a SYN handed over to it now would be dropped (a
+// drained node applies its drain a Raft commit ahead of its peers, a
+// leaving node adopts the view without it before they do). This node keeps
+// taking their SYNs meanwhile, and says so (heartbeat.Message.Keeping), so
+// that no node acquires before it lets them go; once their owners
+// advertise the view it releases them and hands their SYNs over. Only
+// where hand-overs run, and only buckets that still mean the same flows.
+func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) filter.Set {
+	last := r.last.tables
+	r.keepUntil = s.hb.AdoptedAt.Add(keepFor(s))
+	if last == nil || r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended ||
+		s.hb.Inheriting || !r.healthy || !now.Before(r.keepUntil) {
+		return nil
+	}
+	var lm, nm map[filter.RuleID]*filter.Mapping
+	if last.Config != s.fcfg {
+		lm, nm = last.Config.Mappings(), s.fcfg.Mappings()
+	}
+	ready := map[filter.NodeID]bool{}
+	for _, p := range s.hb.Peers {
+		ready[filter.NodeID(p.ID)] = p.Live && p.View.Equal(s.hb.View)
+	}
+	var owners *filter.Owners
+	var keep filter.Set
+	for id, st := range last.States {
+		if lm != nil && !lm[id].Within(nm[id]) {
+			continue // its bucket numbers mean other flows now
+		}
+		for b, v := range st {
+			if !v.TakesSYNs() || accept.Has(id, uint16(b)) {
+				continue
+			}
+			if owners == nil {
+				owners = r.assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+			}
+			own := owners.Rules[id]
+			if own == nil {
+				continue
+			}
+			if o := own[b]; o != r.self && o != filter.NoNode && !ready[o] {
+				if keep == nil {
+					keep = filter.Set{}
+				}
+				keep.Add(id, uint16(b))
+			}
+		}
+	}
+	return keep
 }
 
 // handTo returns t's hand-over indexes of rule id, made if missing.
@@ -431,7 +509,10 @@ func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSn
 		r.stopAsked = time.Time{}
 		return
 	}
-	if !s.hb.Converged || r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg || (!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
+	// Not while hand-overs run either: a stopped node hands nothing over,
+	// and its peers may still be pushing the tables that acquire.
+	if !s.hb.Converged || len(r.released) > 0 || r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg ||
+		(!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
 		return
 	}
 	r.stopAsked = now

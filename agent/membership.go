@@ -68,6 +68,7 @@ type membership struct {
 	lastSent     time.Time        // when any heartbeat last went out
 	heard        bool             // a valid heartbeat arrived since the last step
 	lastView     heartbeat.View   // the view the last heartbeat advertised
+	sentKeeping  bool             // the last heartbeat said Keeping
 	peers        []netip.AddrPort // heartbeat addresses of the other registered nodes
 	gen          uint64           // of the last published memberSnap
 	published    uint64           // machine version last published
@@ -124,6 +125,7 @@ type pushReport struct {
 	healthy  bool        // the data plane took every push lately (hold-down after a failure)
 	draining heartbeat.Buckets
 	conns    int
+	keeping  bool // the tables keep taking SYNs in buckets the view gave peers not ready yet
 }
 
 func newMembership(self filter.NodeID, incarnation func() (uint64, error), log *slog.Logger, link hbLink, rs rulesSource, health func() bool) *membership {
@@ -429,7 +431,12 @@ func (m *membership) send(now time.Time, pushed bool) {
 	if !pushed {
 		msg = readvertise(msg, m.inKernel)
 	}
-	m.lastSent = now
+	if m.inKernel.keeping {
+		c := *msg
+		c.Keeping = true
+		msg = &c
+	}
+	m.lastSent, m.sentKeeping = now, msg.Keeping
 	if m.log.Enabled(context.Background(), slog.LevelDebug) && !msg.View.Equal(m.lastView) {
 		m.log.Debug("view advertised", "at", stamp(now), "seq", msg.Seq, "view", msg.View.Eligible, "rules", msg.View.RulesIndex)
 	}
@@ -577,7 +584,9 @@ func (m *membership) checkHandoff() {
 	if len(m.handoffs) == 0 || !m.pushed() {
 		return
 	}
-	if !m.machine.Status().Released {
+	// Released, and the tables keep nothing for the peers any more, and
+	// a heartbeat has said so: they wait for that to acquire.
+	if !m.machine.Status().Released || m.inKernel.keeping || m.sentKeeping {
 		return
 	}
 	for _, h := range m.handoffs {

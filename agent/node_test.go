@@ -528,3 +528,119 @@ func TestReleasedSYNsHandedOver(t *testing.T) {
 		t.Errorf("node 1, which only released buckets, marked %d pending (taking handed SYNs where it drains)", pending1)
 	}
 }
+
+// bridgeCheck follows every node's kernel tables, push by push, and counts
+// the moments when a bucket of rule 1 has no node to take its SYNs (none
+// takes them, and no node hands them over to one whose tables hold the
+// bucket pending) or two that take them.
+type bridgeCheck struct {
+	mu     sync.Mutex
+	tables map[filter.NodeID]*filter.Tables
+	armed  bool
+	gaps   int
+	first  string
+}
+
+func newBridgeCheck(c *testCluster) *bridgeCheck {
+	bc := &bridgeCheck{tables: map[filter.NodeID]*filter.Tables{}}
+	for _, tn := range c.nodes {
+		id := tn.id
+		f := func(_, next *filter.Tables) {
+			bc.mu.Lock()
+			defer bc.mu.Unlock()
+			bc.tables[id] = next
+			if bc.armed {
+				bc.check(id)
+			}
+		}
+		tn.dp.watch.Store(&f)
+	}
+	return bc
+}
+
+func (bc *bridgeCheck) arm() {
+	bc.mu.Lock()
+	defer bc.mu.Unlock()
+	bc.armed = true
+}
+
+func (bc *bridgeCheck) check(pushed filter.NodeID) {
+	for b := range filter.NumBuckets {
+		takers, bridged := 0, false
+		for _, t := range bc.tables {
+			if st := t.States[1]; st != nil && st[b].TakesSYNs() {
+				takers++
+			}
+			h := t.HandTo[1]
+			if h == nil || h[b] == 0 || h[b] == filter.HandPending {
+				continue
+			}
+			for id, to := range bc.tables {
+				if net.HardwareAddr(t.HandMACs[h[b]][:]).String() == testMAC(int(id)).String() &&
+					to.States[1] != nil && to.States[1][b] == filter.Draining && to.HandTo[1] != nil && to.HandTo[1][b] == filter.HandPending {
+					bridged = true
+				}
+			}
+		}
+		if takers == 0 && !bridged || takers > 1 {
+			if bc.gaps == 0 {
+				var states []string
+				for id, t := range bc.tables {
+					st, h := filter.NotOwned, uint8(0)
+					if t.States[1] != nil {
+						st = t.States[1][b]
+					}
+					if t.HandTo[1] != nil {
+						h = t.HandTo[1][b]
+					}
+					states = append(states, fmt.Sprintf("node %d %v (hand-over %d)", id, st, h))
+				}
+				slices.Sort(states)
+				bc.first = fmt.Sprintf("after node %d's push, bucket %d: %d nodes take its SYNs, bridged by a hand-over: %v; %s",
+					pushed, b, takers, bridged, strings.Join(states, ", "))
+			}
+			bc.gaps++
+		}
+	}
+}
+
+// TestSlowPeerKeepsEveryBucketTaken: a node whose data plane is slow
+// advertises a change of view well after its peers adopt it. The node that
+// gives it buckets keeps taking their SYNs until it advertises the view
+// (its tables hold them pending then), and only then lets them go and
+// hands their SYNs over: at no push does a bucket lack a node to take its
+// SYNs, nor have two, through a drain and the drained node's return.
+func TestSlowPeerKeepsEveryBucketTaken(t *testing.T) {
+	c := newTestCluster(t, 3, 20*time.Millisecond)
+	bc := newBridgeCheck(c)
+	for i := range 3 {
+		c.start(i + 1)
+	}
+	c.await("three nodes owning every bucket", 10*time.Second, func() bool {
+		for _, tn := range c.nodes {
+			if s := tn.n.mem.snap.Load(); s == nil || len(s.hb.View.Eligible) != 3 || !s.hb.Converged {
+				return false
+			}
+		}
+		return c.checkOwners()
+	})
+	c.nodes[1].dp.delay.Store(int64(15 * time.Millisecond)) // node 2: most of a period
+	bc.arm()
+	for _, admin := range []rules.AdminState{rules.AdminDraining, rules.AdminStarted} {
+		c.rules.set(func(st *rules.State) { st.Nodes[0].Admin = admin })
+		c.await("the change applied", 10*time.Second, func() bool {
+			for _, tn := range c.nodes {
+				if s := tn.n.mem.snap.Load(); s.rs.Node(1).Admin != admin || !s.hb.Converged {
+					return false
+				}
+			}
+			k := c.nodes[0].dp.kernel.Load()
+			return c.checkOwners() && accepting(k) == (admin == rules.AdminStarted) && handCount(k) == 0
+		})
+	}
+	bc.mu.Lock()
+	defer bc.mu.Unlock()
+	if bc.gaps > 0 {
+		t.Errorf("%d bucket-moments without one node to take the SYNs; first: %s", bc.gaps, bc.first)
+	}
+}

@@ -12,7 +12,7 @@ import (
 
 // Wire format (big endian), protocol version 2:
 //
-//	version u8 | flags u8 (bit 0 healthy, bit 1 settled, bit 2 leaving, bit 3 deaf) | admin u8 | 0 u8
+//	version u8 | flags u8 (bit 0 healthy, bit 1 settled, bit 2 leaving, bit 3 deaf, bit 4 keeping) | admin u8 | 0 u8
 //	key id u32 | cluster id u32 | node id u32 | incarnation u64 | sequence u64
 //	rules index applied u64 | restart window ms u16
 //	view: rules index u64 | seed u32 | digest u64 | n u16 | n x node id u32
@@ -43,6 +43,7 @@ const (
 	flagSettled = 1 << 1
 	flagLeaving = 1 << 2
 	flagDeaf    = 1 << 3
+	flagKeeping = 1 << 4
 
 	formList   = 0
 	formBitmap = 1
@@ -149,6 +150,9 @@ func AppendEncode(dst []byte, msg *Message, kr *Keyring) ([]byte, error) {
 	}
 	if msg.Deaf {
 		flags |= flagDeaf
+	}
+	if msg.Keeping {
+		flags |= flagKeeping
 	}
 	b := append(dst, ProtocolVersion, flags, byte(msg.Admin), 0)
 	b = binary.BigEndian.AppendUint32(b, kr.Primary())
@@ -268,6 +272,7 @@ func Decode(b []byte, kr *Keyring, clusterID uint32) (*Message, error) {
 	msg.Settled = flags&flagSettled != 0
 	msg.Leaving = flags&flagLeaving != 0
 	msg.Deaf = flags&flagDeaf != 0
+	msg.Keeping = flags&flagKeeping != 0
 	msg.Admin = AdminState(r.u8())
 	reserved := r.u8()
 	msg.KeyID = r.u32()
@@ -278,7 +283,7 @@ func Decode(b []byte, kr *Keyring, clusterID uint32) (*Message, error) {
 	msg.RulesIndex = r.u64()
 	msg.RestartWindow = time.Duration(r.u16()) * time.Millisecond
 	switch {
-	case flags&^(flagHealthy|flagSettled|flagLeaving|flagDeaf) != 0 || reserved != 0:
+	case flags&^(flagHealthy|flagSettled|flagLeaving|flagDeaf|flagKeeping) != 0 || reserved != 0:
 		return nil, fmt.Errorf("%w: unknown flags", ErrMalformed)
 	case !msg.Admin.Valid():
 		return nil, fmt.Errorf("%w: admin state %d", ErrMalformed, msg.Admin)

@@ -20,7 +20,7 @@ func sampleMessage() *Message {
 	return &Message{
 		KeyID:     simRing.Primary(),
 		ClusterID: 42, Node: 3, Incarnation: 1_700_000_000, Seq: 99,
-		Admin: Draining, Healthy: true, Settled: true, Deaf: true, Leaving: true, RestartWindow: 2500 * time.Millisecond, RulesIndex: 1234,
+		Admin: Draining, Healthy: true, Settled: true, Deaf: true, Leaving: true, Keeping: true, RestartWindow: 2500 * time.Millisecond, RulesIndex: 1234,
 		View:     View{Eligible: []uint32{1, 3, 9}, RulesIndex: 1234, Seed: 0xdeadbeef},
 		Draining: Buckets{1: {0, 5, 4095}, 7: big},
 		Acks:     []Ack{{Node: 1, Incarnation: 5, Seq: 7}, {Node: 9, Incarnation: 1 << 40, Seq: 1 << 50}},

@@ -268,7 +268,7 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 		case !msg.View.Equal(old.View):
 			changed, reply = true, true
 		case msg.Admin != old.Admin || msg.Healthy != old.Healthy || msg.Settled != old.Settled ||
-			msg.Leaving != old.Leaving || msg.Deaf != old.Deaf || (msg.RestartWindow > 0) != (old.RestartWindow > 0) ||
+			msg.Leaving != old.Leaving || msg.Deaf != old.Deaf || msg.Keeping != old.Keeping || (msg.RestartWindow > 0) != (old.RestartWindow > 0) ||
 			msg.RulesIndex != old.RulesIndex || !msg.Draining.Equal(old.Draining) || !sameHearing(msg.Acks, old.Acks):
 			changed = true
 		}
@@ -882,10 +882,16 @@ func (m *Machine[S]) heardAll() bool {
 // member of the view advertises it, acknowledging one of those; every other
 // live peer acknowledges one too (it knows this node's state: were it about
 // to become eligible, this node's view would change), unless it is settled
-// and does not hear this node at all; and no hold for a dropped node runs.
+// and does not hear this node at all; no live peer still keeps buckets it
+// gave up (Message.Keeping); and no hold for a dropped node runs.
 func (m *Machine[S]) isConverged(now time.Time) bool {
 	if !m.settled || m.sentInView < 1 {
 		return false
+	}
+	for _, p := range m.peers {
+		if p.live && p.msg != nil && p.msg.Keeping {
+			return false
+		}
 	}
 	for id, at := range m.dropped {
 		if now.Before(at.Add(m.holdFor(id, now))) {

@@ -159,6 +159,29 @@ func TestConvergesOnAcknowledgement(t *testing.T) {
 	}
 }
 
+// TestNoConvergenceWhileAPeerKeeps: a peer that advertises the view but
+// still keeps taking SYNs in buckets it gave up (Keeping) holds back
+// convergence, and so acquisition, until a heartbeat says it let them go.
+func TestNoConvergenceWhileAPeerKeeps(t *testing.T) {
+	h := newHarness(t, 1, 2)
+	h.recv(at(0.1), h.hb(2, 1, 2))
+	h.step(at(0.2))
+	keeping := h.hb(2, 1, 2)
+	keeping.Keeping = true
+	h.recv(at(0.21), keeping)
+	h.step(at(0.22))
+	keeping = h.hb(2, 1, 2)
+	keeping.Keeping = true
+	h.recv(at(0.23), keeping)
+	if st := h.m.Status(); st.Converged || toyCount(st.Accept) != 0 || !st.View.Has(2) {
+		t.Fatalf("peer keeping: converged %v accept %d view %v; want false 0 {1,2}", st.Converged, toyCount(st.Accept), st.View.Eligible)
+	}
+	h.recv(at(0.24), h.hb(2, 1, 2))
+	if st := h.m.Status(); !st.Converged || toyCount(st.Accept) != 8 {
+		t.Fatalf("peer let go: converged %v accept %d, want true 8", st.Converged, toyCount(st.Accept))
+	}
+}
+
 // TestRepliesAtOnce: a peer that adopts a view gets this node's
 // acknowledgement at once, within the burst limit.
 func TestRepliesAtOnce(t *testing.T) {

@@ -36,6 +36,12 @@ type Message struct {
 	RulesIndex    uint64  // the Raft index of the rules the sender has applied
 	View          View    // the sender's current view
 	Draining      Buckets // buckets the sender holds connections in but does not accept
+	// Keeping: the sender's data plane still takes new connections in
+	// buckets its view gives to peers that do not advertise that view yet
+	// (they are not ready to take the SYNs it would hand them). No node
+	// converges, and so acquires, while a live peer keeps: a bucket is
+	// taken only once its previous owner has let it go.
+	Keeping bool
 	// Acks lists, sorted by node, every peer the sender heard within the
 	// last T periods and the highest sequence number it received from that
 	// peer's incarnation: what the sender hears, and how far.
