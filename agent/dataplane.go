@@ -315,13 +315,10 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 		r.released, r.handView, r.handUntil = nil, s.hb.View, time.Time{}
 	}
 	if last := r.last.tables; last != nil {
-		var lm, nm map[filter.RuleID]*filter.Mapping
-		if last.Config != t.Config {
-			lm, nm = last.Config.Mappings(), t.Config.Mappings()
-		}
+		same := sameFlows(last.Config, t.Config)
 		for id, st := range last.States {
 			nst := t.States[id]
-			if lm != nil && !lm[id].Within(nm[id]) {
+			if !same(id) {
 				continue // its bucket numbers mean other flows now
 			}
 			for b, v := range st {
@@ -415,10 +412,7 @@ func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) fi
 		s.hb.Inheriting || !r.healthy || !now.Before(r.keepUntil) {
 		return nil
 	}
-	var lm, nm map[filter.RuleID]*filter.Mapping
-	if last.Config != s.fcfg {
-		lm, nm = last.Config.Mappings(), s.fcfg.Mappings()
-	}
+	same := sameFlows(last.Config, s.fcfg)
 	ready := map[filter.NodeID]bool{}
 	for _, p := range s.hb.Peers {
 		ready[filter.NodeID(p.ID)] = p.Live && p.View.Equal(s.hb.View)
@@ -426,7 +420,7 @@ func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) fi
 	var owners *filter.Owners
 	var keep filter.Set
 	for id, st := range last.States {
-		if lm != nil && !lm[id].Within(nm[id]) {
+		if !same(id) {
 			continue // its bucket numbers mean other flows now
 		}
 		for b, v := range st {
@@ -449,6 +443,16 @@ func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) fi
 		}
 	}
 	return keep
+}
+
+// sameFlows reports, for a rule of config from, whether its bucket numbers
+// mean the same flows under config to.
+func sameFlows(from, to *filter.Config) func(filter.RuleID) bool {
+	if from == to {
+		return func(filter.RuleID) bool { return true }
+	}
+	fm, tm := from.Mappings(), to.Mappings()
+	return func(id filter.RuleID) bool { return fm[id].Within(tm[id]) }
 }
 
 // handTo returns t's hand-over indexes of rule id, made if missing.
