@@ -79,6 +79,15 @@ type reconciler struct {
 	handUntil   time.Time       // when released is cleared (zero: the view has not converged)
 	kept        filter.Set      // the buckets the last tables keep for owners not ready (keeping)
 	keepUntil   time.Time       // when keeping ends for this view at the latest (keepFor)
+	// prev is the tables in the kernel when the rules last changed in a
+	// way that remapped flows (filter.Tables.Prev): the SYNs they took
+	// are kept or handed over under the new rules until the view of the
+	// new rules converged, and handGrace periods more (prevUntil; zero:
+	// not converged). remapKeep: the last tables keep some of them for
+	// owners not ready.
+	prev      *filter.Tables
+	prevUntil time.Time
+	remapKeep bool
 	wg          sync.WaitGroup
 }
 
@@ -147,18 +156,21 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	retry := !r.healthy && !now.Before(r.failedAt.Add(r.backoff))
 	mac := r.mac()
 	handEnds := len(r.released) > 0 && !r.handUntil.IsZero() && !now.Before(r.handUntil)
-	keepEnds := len(r.kept) > 0 && !now.Before(r.keepUntil)
-	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && !keepEnds && string(mac) == r.pushedMAC {
+	keepEnds := (len(r.kept) > 0 || r.remapKeep) && !now.Before(r.keepUntil)
+	prevEnds := r.prev != nil && !r.prevUntil.IsZero() && !now.Before(r.prevUntil)
+	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && !keepEnds && !prevEnds && string(mac) == r.pushedMAC {
 		r.finishDrain(ctx, now, s)
 		return r.wakeIn(now)
 	}
 	t0 := r.now()
 	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
+	r.followPrev(now, s)
 	keep := r.keeping(now, s, accept.Buckets)
 	if len(keep) > 0 {
 		accept = filter.Grant{Buckets: union(accept.Buckets, keep), Maps: accept.Maps}
 	}
-	if viewChanged := !s.hb.View.Equal(r.scannedView) || r.held.cfg != s.fcfg; viewChanged || len(r.kept) > 0 {
+	prevEnded := r.last.tables != nil && r.last.tables.Prev != nil && r.prev == nil
+	if viewChanged := !s.hb.View.Equal(r.scannedView) || r.held.cfg != s.fcfg; viewChanged || len(r.kept) > 0 || prevEnded {
 		r.scannedView = s.hb.View
 		// The view releases buckets (or changed the rules, or these are
 		// the first tables). Until they are in, this node still answers
@@ -172,7 +184,8 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		// held are where the last scan saw them.
 		// (A view that kept buckets for their new owners releases them
 		// later, once those advertise it.)
-		if r.last.tables == nil || s.hb.Inheriting || r.held.cfg != s.fcfg || releases(r.last.tables, accept.Buckets) {
+		// (So do tables that let the previous rules' SYNs go.)
+		if r.last.tables == nil || s.hb.Inheriting || r.held.cfg != s.fcfg || releases(r.last.tables, accept.Buckets) || prevEnded {
 			r.epoch++
 			r.held = held{set: mayHold(s.fcfg, r.last.tables, r.held, s.hb.Inheriting), conns: r.held.conns,
 				cfg: s.fcfg, epoch: r.epoch, guess: true}
@@ -187,15 +200,32 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		// peers' connections dirty.
 		accept, dirty = accept.Intersect(everything(s.fcfg)), union(dirty, s.inheritedDirty)
 	}
-	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, r.held.set)
-	r.handOver(now, s, p.tables, accept.Buckets)
+	hold := r.held.set
+	var remapped map[filter.RuleID]bool
+	if r.prev != nil {
+		// Every bucket of a remapped rule may hold a connection whose SYN
+		// the previous tables took: its packets must find the socket.
+		remapped = s.fcfg.Remapped(r.prev.Config)
+		hold = union(hold, nil)
+		for id := range remapped {
+			hold[id] = full()
+		}
+	}
+	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, hold)
+	p.tables.Prev = r.prev
+	hands := r.handOver(now, s, p.tables, accept.Buckets)
+	r.remapKeep = r.keepRemapped(now, s, p.tables, remapped, hands)
 	t2 := r.now()
 	// Tables the kernel already holds need no push (a view that moves
 	// nothing here, the same tables for the next snapshot): pushing them
 	// again would only make the next push, the one that acquires, wait
 	// for this one's flip to retire.
 	same := r.healthy && r.last.tables != nil && string(mac) == r.pushedMAC && sameTables(p.tables, r.last.tables)
-	if !same {
+	if same {
+		// The kernel's tables stay what they are; a later push may name
+		// them as its Prev.
+		p.tables = r.last.tables
+	} else {
 		if err := r.dp.Update(p.tables, mac); err != nil {
 			r.refused(now, s, err)
 			return r.wakeIn(now)
@@ -224,7 +254,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	}
 	r.kept = keep
 	r.out.put(pushReport{snap: s, ok: true, healthy: r.healthy,
-		draining: toHeartbeat(p.draining), conns: r.held.conns, keeping: len(keep) > 0})
+		draining: toHeartbeat(p.draining), conns: r.held.conns, keeping: len(keep) > 0 || r.remapKeep})
 	r.publish()
 	r.onPush(s)
 	// The view change itself is logged by onPush, with its cause.
@@ -267,8 +297,11 @@ func (r *reconciler) wakeIn(now time.Time) time.Duration {
 	if len(r.released) > 0 && !r.handUntil.IsZero() {
 		d = min(d, r.handUntil.Sub(now))
 	}
-	if len(r.kept) > 0 {
+	if len(r.kept) > 0 || r.remapKeep {
 		d = min(d, r.keepUntil.Sub(now))
+	}
+	if r.prev != nil && !r.prevUntil.IsZero() {
+		d = min(d, r.prevUntil.Sub(now))
 	}
 	return d
 }
@@ -303,11 +336,12 @@ const handGrace = 3
 // node keeps this view is its owner in the view (acquisition waits for
 // this node to advertise the view), which is where the SYNs go. A newer
 // view hands over only what it releases itself (docs/ARCHITECTURE.md).
-func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, accept filter.Set) {
+func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, accept filter.Set) *hands {
 	if r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended {
 		r.released, r.handUntil = nil, time.Time{}
-		return
+		return nil
 	}
+	h := &hands{t: t, rs: s.rs, neighbors: r.neighbors}
 	if !s.hb.View.Equal(r.handView) {
 		// Only what this view change released: a bucket released before
 		// may have been acquired since by its owner in that view, and
@@ -339,10 +373,11 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 	case !now.Before(r.handUntil):
 		r.released = nil
 	}
-	if len(r.released) == 0 && s.hb.Converged {
-		return
+	if len(r.released) == 0 && s.hb.Converged && r.prev == nil {
+		return h
 	}
 	owners := r.assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+	h.owners = owners
 	if !s.hb.Converged {
 		for id, own := range owners.Rules {
 			st := t.States[id]
@@ -359,11 +394,6 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 			}
 		}
 	}
-	if len(r.released) == 0 {
-		return
-	}
-	macs := r.neighbors()
-	index := map[filter.NodeID]uint8{}
 	for id, m := range r.released {
 		own, st := owners.Rules[id], t.States[id]
 		if own == nil || st == nil {
@@ -374,26 +404,124 @@ func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, ac
 			if !m.Has(uint16(b)) || o == r.self || o == filter.NoNode || (st[b] != filter.NotOwned && st[b] != filter.Draining) {
 				continue
 			}
-			i, ok := index[o]
-			if !ok {
-				if len(index)+1 >= filter.HandPending {
-					continue
-				}
-				mac := peerMAC(s.rs, o, macs)
-				if mac == nil {
-					index[o] = 0
-					continue
-				}
-				i = uint8(len(index) + 1)
-				index[o] = i
-				copy(t.HandMACs[i][:], mac)
+			if i := h.index(o); i != 0 {
+				handTo(t, id)[b] = i
 			}
-			if i == 0 {
-				continue
-			}
-			handTo(t, id)[b] = i
 		}
 	}
+	return h
+}
+
+// hands gives the nodes SYNs are handed over to their indexes in one set
+// of tables' HandMACs, by their heartbeat addresses' MACs.
+type hands struct {
+	t         *filter.Tables
+	rs        *rules.State
+	owners    *filter.Owners // the owners of the view's buckets; nil: none computed
+	neighbors func() map[netip.Addr]net.HardwareAddr
+	macs      map[netip.Addr]net.HardwareAddr
+	byNode    map[filter.NodeID]uint8
+}
+
+// index returns node o's hand-over index, giving it the next free one; 0
+// when its MAC is not known or the indexes ran out.
+func (h *hands) index(o filter.NodeID) uint8 {
+	if i, ok := h.byNode[o]; ok {
+		return i
+	}
+	if h.byNode == nil {
+		h.byNode, h.macs = map[filter.NodeID]uint8{}, h.neighbors()
+	}
+	if len(h.byNode)+1 >= filter.HandKeep {
+		return 0
+	}
+	mac := peerMAC(h.rs, o, h.macs)
+	if mac == nil {
+		h.byNode[o] = 0
+		return 0
+	}
+	i := uint8(len(h.byNode) + 1)
+	h.byNode[o] = i
+	copy(h.t.HandMACs[i][:], mac)
+	return i
+}
+
+// followPrev keeps r.prev: set to the kernel's tables when the rules
+// change in a way that remaps flows, let go handGrace periods after the
+// view of the new rules converged, and at once where nothing is handed
+// over (no hand-overs here, a stop, a pulled plug, inherited tables).
+//
+// Every node that applies the change keeps judging the SYNs its previous
+// tables took by them, so no SYN falls between the old mapping's owner,
+// which lets go, and the new mapping's, which takes the bucket only once
+// every member advertises the new rules and none keeps
+// (docs/ARCHITECTURE.md, "Rules that remap flows"). Prev is the tables in
+// the kernel at the change, whatever they came from: their states are
+// what this node took SYNs by, and another node took none of those flows
+// by its own, at any time the first could have.
+func (r *reconciler) followPrev(now time.Time, s *memberSnap) {
+	last := r.last.tables
+	if r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended || s.hb.Inheriting || last == nil {
+		r.prev, r.prevUntil = nil, time.Time{}
+		return
+	}
+	if last.Config != s.fcfg {
+		r.prev, r.prevUntil = nil, time.Time{}
+		if len(s.fcfg.Remapped(last.Config)) > 0 {
+			r.prev = last
+		}
+	}
+	if r.prev == nil {
+		return
+	}
+	switch {
+	case !s.hb.Converged:
+		r.prevUntil = time.Time{}
+	case r.prevUntil.IsZero():
+		r.prevUntil = now.Add(handGrace * s.rs.Settings.HeartbeatPeriod)
+	case !now.Before(r.prevUntil):
+		r.prev, r.prevUntil = nil, time.Time{}
+	}
+}
+
+// keepRemapped completes tables t with the hand-over indexes of the rules
+// Prev remaps (filter.Tables.Prev): per bucket, where a SYN the previous
+// tables took goes. To this node while it is about to acquire the bucket
+// (HandPending, from handOver); to its owner in the view once that owner
+// advertises the view, and so holds the bucket pending; and until then
+// (for keepFor at most) kept here (HandKeep), which the node advertises as
+// keeping. It reports whether any bucket is kept.
+func (r *reconciler) keepRemapped(now time.Time, s *memberSnap, t *filter.Tables, remapped map[filter.RuleID]bool, h *hands) bool {
+	if len(remapped) == 0 || h == nil || h.owners == nil {
+		return false
+	}
+	ready := map[filter.NodeID]bool{}
+	for _, p := range s.hb.Peers {
+		ready[filter.NodeID(p.ID)] = p.Live && p.View.Equal(s.hb.View)
+	}
+	keeps := now.Before(s.hb.AdoptedAt.Add(keepFor(s)))
+	kept := false
+	for id := range remapped {
+		own, st := h.owners.Rules[id], t.States[id]
+		if own == nil || st == nil {
+			continue
+		}
+		for b, o := range own {
+			if st[b].TakesSYNs() || o == r.self || o == filter.NoNode {
+				continue
+			}
+			switch {
+			case ready[o]:
+				if i := h.index(o); i != 0 {
+					handTo(t, id)[b] = i
+				}
+			case keeps:
+				handTo(t, id)[b] = filter.HandKeep
+				kept = true
+			}
+		}
+	}
+	return kept
 }
 
 // keeping returns the buckets the last tables took SYNs in that this view
@@ -515,7 +643,7 @@ func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSn
 	}
 	// Not while hand-overs run either: a stopped node hands nothing over,
 	// and its peers may still be pushing the tables that acquire.
-	if !s.hb.Converged || len(r.released) > 0 || r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg ||
+	if !s.hb.Converged || len(r.released) > 0 || r.prev != nil || r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg ||
 		(!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
 		return
 	}
@@ -602,7 +730,7 @@ func sameTables(a, b *filter.Tables) bool {
 			return false
 		}
 	}
-	if a.HandMACs != b.HandMACs {
+	if a.HandMACs != b.HandMACs || a.Prev != b.Prev {
 		return false
 	}
 	for _, pair := range [][2]*filter.Tables{{a, b}, {b, a}} {

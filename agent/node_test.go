@@ -220,7 +220,7 @@ func (c *testCluster) owners() [filter.NumBuckets]int {
 	var out [filter.NumBuckets]int
 	for _, tn := range c.nodes {
 		t := tn.dp.kernel.Load()
-		if t == nil {
+		if t == nil || t.States[1] == nil {
 			continue
 		}
 		for b, s := range t.States[1] {

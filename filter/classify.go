@@ -77,6 +77,11 @@ func (NoConns) ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool { r
 //     (not an ICMP error about one) that finds no connection holds one when
 //     it completes a valid SYN cookie. Later fragments judged without their
 //     first count as "everything else" (they carry no ports to look up).
+//   - A SYN (not a fragment) in a rule Tables.Prev remaps, which these
+//     tables do not take: if Prev's states take it (Prev's rule and bucket
+//     for the flow, Prev's rule not disabled), it is accepted when the
+//     bucket's hand-over index is HandKeep or HandPending and handed over
+//     by any other index with a MAC; otherwise dropped, never handed over.
 //   - The data-plane lease: once it has expired (SetLeaseExpired), Owned
 //     and OwnedDirty count as Draining.
 //   - Not VIP traffic, and passed, but for UDP to this node's heartbeat
@@ -84,6 +89,7 @@ func (NoConns) ValidCookie(client, vip netip.AddrPort, seq, ack uint32) bool { r
 //     dropped with DropNotPeer, counted apart from the rules.
 type Classifier struct {
 	t            *Tables
+	remapped     map[RuleID]bool // t.Remapped()
 	mac          [6]byte
 	conns        ConnLookup
 	leaseExpired bool
@@ -96,7 +102,7 @@ type Classifier struct {
 // NewClassifier returns a classifier for a node with tables t whose cluster
 // interface has MAC ifMAC. conns may be nil for a node with no connections.
 func NewClassifier(t *Tables, ifMAC net.HardwareAddr, conns ConnLookup) *Classifier {
-	c := &Classifier{t: t, conns: conns, remember: true}
+	c := &Classifier{t: t, remapped: t.Remapped(), conns: conns, remember: true}
 	copy(c.mac[:], ifMAC)
 	if c.conns == nil {
 		c.conns = NoConns{}
@@ -109,7 +115,7 @@ func NewClassifier(t *Tables, ifMAC net.HardwareAddr, conns ConnLookup) *Classif
 // frame on Accept), for a node that remembers no fragments. conns may be
 // nil.
 func Classify(t *Tables, frame []byte, ifMAC net.HardwareAddr, conns ConnLookup) Result {
-	c := Classifier{t: t, conns: conns}
+	c := Classifier{t: t, remapped: t.Remapped(), conns: conns}
 	copy(c.mac[:], ifMAC)
 	if c.conns == nil {
 		c.conns = NoConns{}
@@ -120,7 +126,7 @@ func Classify(t *Tables, frame []byte, ifMAC net.HardwareAddr, conns ConnLookup)
 // SetTables makes t the tables later frames are judged by, keeping what
 // the classifier remembers of fragments (as the XDP program keeps its LRU
 // across updates).
-func (c *Classifier) SetTables(t *Tables) { c.t = t }
+func (c *Classifier) SetTables(t *Tables) { c.t, c.remapped = t, t.Remapped() }
 
 // SetLeaseExpired says whether the data-plane lease has expired.
 func (c *Classifier) SetLeaseExpired(expired bool) { c.leaseExpired = expired }
@@ -249,6 +255,19 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 		} else {
 			res.Verdict = Accept
 		}
+	case f.syn && !fr.first && c.remapped[f.rule]:
+		// Flows that Prev maps otherwise (Tables.Prev).
+		res.Verdict, res.Reason = c.judge(f, res.State)
+		if res.Verdict == Accept || res.Reason == DropDisabled || c.leaseExpired || !c.prevTakes(f) {
+			break
+		}
+		if h := c.t.HandTo[f.rule]; h != nil && (h[bucket] == HandKeep || h[bucket] == HandPending) {
+			res.Verdict, res.Reason = Accept, NoReason
+		} else if to, ok := c.t.handTo(f.rule, bucket); ok {
+			res.Verdict, res.Reason, res.To = HandOver, NoReason, to
+			copy(frame[0:6], to[:])
+			copy(frame[6:12], c.mac[:])
+		}
 	default:
 		res.Verdict, res.Reason = c.judge(f, res.State)
 		if f.syn && !fr.first && !c.leaseExpired && (res.Reason == DropNotOwned || res.Reason == DropDrainNoConn) {
@@ -316,6 +335,25 @@ func (c *Classifier) judge(f *flow, st BucketState) (Verdict, DropReason) {
 		return Drop, DropDrainNoConn
 	}
 	return Drop, DropNotOwned
+}
+
+// prevTakes reports whether Prev's states take the SYN f: its rule and
+// bucket under Prev's mapping.
+func (c *Classifier) prevTakes(f *flow) bool {
+	p := c.t.Prev
+	id, ok := p.Config.Lookup(f.vip.Addr(), ProtoTCP, f.vip.Port())
+	if !ok {
+		return false
+	}
+	if r := p.Config.Rule(id); r != nil && (r.Mode == ModeDisabled || r.State == RuleDisabled) {
+		return false
+	}
+	st := p.States[id]
+	if st == nil {
+		return false
+	}
+	k := keyFor(p.Config.Affinity(id), f.client.Addr(), f.client.Port())
+	return st[k.Bucket(p.Config.Seed)].TakesSYNs()
 }
 
 // holds asks whether this node holds f's connection: a socket, or a valid

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
@@ -285,6 +286,8 @@ func (g *gen) tables() *Tables {
 					h[b] = MaxHandTo + 1
 				case k < 6:
 					h[b] = HandPending
+				case k < 9:
+					h[b] = HandKeep
 				case k < 20:
 					h[b] = uint8(g.rng.IntN(8))
 				}
@@ -293,6 +296,38 @@ func (g *gen) tables() *Tables {
 		}
 	}
 	return t
+}
+
+// prevOf makes tables for Prev of t, as a rules change leaves them: t's
+// configuration before the change (another seed, a rule's ports moved or
+// widened, a rule dropped, or the same) with states of their own.
+func (g *gen) prevOf(t *Tables) *Tables {
+	c := *t.Config
+	c.Rules = slices.Clone(c.Rules)
+	switch g.rng.IntN(4) {
+	case 0:
+		c.Seed = g.rng.Uint32()
+	case 1:
+		if len(c.Rules) > 0 {
+			i := g.rng.IntN(len(c.Rules))
+			c.Rules = slices.Delete(c.Rules, i, i+1)
+		}
+	case 2:
+		for i := range c.Rules {
+			if r := &c.Rules[i]; r.PortLo > 0 {
+				r.PortLo--
+			}
+		}
+	}
+	p := &Tables{Config: &c, States: map[RuleID]*[NumBuckets]BucketState{}}
+	for _, id := range c.RuleIDs() {
+		st := new([NumBuckets]BucketState)
+		for b := range st {
+			st[b] = BucketState(g.rng.IntN(4))
+		}
+		p.States[id] = st
+	}
+	return p
 }
 
 // frame makes one random frame.

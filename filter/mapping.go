@@ -164,6 +164,21 @@ func (c *Config) Mappings() map[RuleID]*Mapping {
 	return out
 }
 
+// Remapped returns the rules of c (DefaultRule included) that map some
+// flow to another bucket than prev did, or that cover flows prev gave to
+// another rule or to no rule: those whose mapping in c is not Within their
+// mapping in prev.
+func (c *Config) Remapped(prev *Config) map[RuleID]bool {
+	out := map[RuleID]bool{}
+	pm := prev.Mappings()
+	for id, m := range c.Mappings() {
+		if !m.Within(pm[id]) {
+			out[id] = true
+		}
+	}
+	return out
+}
+
 // mergeSpans sorts disjoint spans and joins the adjacent ones.
 func mergeSpans(ss []Span) []Span {
 	slices.SortFunc(ss, compareSpans)

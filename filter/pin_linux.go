@@ -137,7 +137,7 @@ func adoptTables(dir string, st Pinned) (*XDP, error) {
 		}
 		repl[name] = m
 	}
-	x := &XDP{slots: st.Slots, vipDir: st.VIPDir, vip6Dir: st.VIP6Dir, hbPeers: map[shoalHbPeer]bool{}}
+	x := &XDP{slots: st.Slots, vipDir: st.VIPDir, vip6Dir: st.VIP6Dir, hbPeers: map[shoalHbPeer]bool{}, prevOf: noVersion}
 	x.putVIPs = func(k uint32, vb *shoalVipBucket) error { return x.objs.Vips.Update(k, vb, ebpf.UpdateAny) }
 	err := loadShoalObjects(&x.objs, &ebpf.CollectionOptions{MapReplacements: repl})
 	closeAll() // the objects hold their own references
@@ -155,6 +155,17 @@ func adoptTables(dir string, st Pinned) (*XDP, error) {
 	if x.version != st.Version {
 		x.objs.Close()
 		return nil, fmt.Errorf("pinned tables at version %d, recorded %d", x.version, st.Version)
+	}
+	// The active tables may judge remapped SYNs by another version: it is
+	// not written until a flip leaves it (the adopted tables are not known
+	// as anyone's Prev, so the next Update leaves it).
+	var set shoalSettings
+	if err := x.objs.Settings.Lookup(x.version, &set); err != nil {
+		x.objs.Close()
+		return nil, fmt.Errorf("read the active settings: %w", err)
+	}
+	if p := uint32(set.Prev); p >= 1 && p <= tableVersions && p-1 != x.version {
+		x.prevOf = p - 1
 	}
 	// The agent that pinned them may have flipped just before it stopped:
 	// wait once until no packet is judged by an old copy, which the next

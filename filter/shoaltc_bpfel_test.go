@@ -69,14 +69,16 @@ type shoalTcRuleInfo struct {
 	Id       uint32
 	Affinity uint8
 	Disabled uint8
-	Pad      [2]uint8
+	Remap    uint8
+	Pad      uint8
 }
 
 type shoalTcSettings struct {
 	_    structs.HostLayout
 	Seed uint32
 	Mac  [6]uint8
-	Pad  [2]uint8
+	Prev uint8
+	Pad  uint8
 }
 
 type shoalTcVip6Bucket struct {

@@ -117,9 +117,15 @@ func (s BucketState) String() string {
 }
 
 // MaxHandTo bounds the hand-over indexes of one set of tables: 0 is none,
-// 1 to MaxHandTo-2 index HandMACs, and HandPending marks a bucket about to
-// be acquired.
+// 1 to MaxHandTo-3 index HandMACs, HandKeep marks a bucket whose SYNs this
+// node keeps under Prev, and HandPending a bucket about to be acquired.
 const MaxHandTo = 64
+
+// HandKeep, as a bucket's HandTo index in a rule Prev remaps, says that a
+// SYN there which Prev's states take is taken here still: its owner under
+// the new mapping does not advertise the new rules yet, so it neither takes
+// the flooded copy nor one handed over (see Tables.Prev).
+const HandKeep = MaxHandTo - 2
 
 // HandPending, as a bucket's HandTo index, marks a DRAINING bucket this
 // node owns in its view and is about to acquire: the one kind of bucket a
@@ -142,6 +148,27 @@ type Tables struct {
 	// 0 or a missing rule: none.
 	HandTo   map[RuleID]*[NumBuckets]uint8
 	HandMACs [MaxHandTo][6]byte
+	// Prev, when set, is the tables this node judged by before a change of
+	// rules remapped flows (Config.Remapped): the mapping its peers that
+	// have not applied the change still judge by. A SYN in a rule Prev
+	// remaps is judged under Prev first: if Prev's states take it (this
+	// node owned the flow before), it is taken here while the bucket's new
+	// owner cannot take it (HandKeep, HandPending) and handed over to the
+	// new owner once it can (a HandTo index); a SYN Prev's states do not
+	// take is judged by these tables alone, and never handed over from
+	// here. The data plane keeps Prev's copy of the tables as they were
+	// pushed; Prev itself has no Prev.
+	Prev *Tables
+}
+
+// Remapped returns the rules of t whose bucket numbers Prev does not map
+// the same way: Prev's mapping of the rule's flows is another (a changed
+// seed or affinity, coverage that grew). Nil without Prev.
+func (t *Tables) Remapped() map[RuleID]bool {
+	if t.Prev == nil {
+		return nil
+	}
+	return t.Config.Remapped(t.Prev.Config)
 }
 
 // pending reports whether bucket b of rule id is marked HandPending.
@@ -153,7 +180,7 @@ func (t *Tables) pending(id RuleID, b uint16) bool {
 // handTo returns the MAC a SYN in bucket b of rule id is handed over to.
 func (t *Tables) handTo(id RuleID, b uint16) ([6]byte, bool) {
 	h := t.HandTo[id]
-	if h == nil || h[b] == 0 || h[b] >= HandPending {
+	if h == nil || h[b] == 0 || h[b] >= HandKeep {
 		return [6]byte{}, false
 	}
 	mac := t.HandMACs[h[b]]

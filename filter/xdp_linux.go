@@ -31,6 +31,15 @@ const (
 	handedCounter = int(NumDropReasons)
 )
 
+// noVersion stands for no table version.
+const noVersion = ^uint32(0)
+
+// retirement is the wait until no packet is judged by a table version.
+type retirement struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
 // AttachMode is how the program is attached to an interface.
 type AttachMode string
 
@@ -56,12 +65,20 @@ type XDP struct {
 	// prevSlots are the slots of the version before the active one, which
 	// packets may still be counted by while it retires.
 	prevSlots map[RuleID]uint32
-	// retired[v] is closed once no packet is judged by version v any more,
-	// since the flip away from it (nil: never active, or known retired);
-	// retireErr[v] says whether that wait failed.
-	retired   [tableVersions]chan struct{}
-	retireErr [tableVersions]error
-	hbPeers   map[shoalHbPeer]bool
+	// retired[v] says when no packet is judged by version v any more,
+	// since the flip away from it or since no version names it as its
+	// prev (nil: never used, or known retired).
+	retired [tableVersions]*retirement
+	// written[v] is the tables version v holds (nil: none, or half
+	// written); flips counts the flips, and left[v] is the flip that made
+	// v inactive, so the version written next is the one left longest ago.
+	written [tableVersions]*Tables
+	flips   uint64
+	left    [tableVersions]uint64
+	// prevOf is the version the active one judges remapped SYNs by (its
+	// settings' prev), which no Update writes; noVersion: none.
+	prevOf  uint32
+	hbPeers map[shoalHbPeer]bool
 	// pending is a link adopted from pins (LoadPinnedXDP), attached with
 	// pendingMode; Attach moves it to this program.
 	pending     link.Link
@@ -79,7 +96,7 @@ func LoadXDP() (*XDP, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("load xdp: remove memlock limit: %w", err)
 	}
-	x := &XDP{slots: map[RuleID]uint32{DefaultRule: 0}, hbPeers: map[shoalHbPeer]bool{}}
+	x := &XDP{slots: map[RuleID]uint32{DefaultRule: 0}, hbPeers: map[shoalHbPeer]bool{}, prevOf: noVersion}
 	x.putVIPs = func(k uint32, vb *shoalVipBucket) error { return x.objs.Vips.Update(k, vb, ebpf.UpdateAny) }
 	if err := loadShoalObjects(&x.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
@@ -196,6 +213,14 @@ func (x *XDP) Close() error {
 // row (a handoff's release, then its acquisition) never wait for it. On
 // error the active tables are unchanged, and what was half written to the
 // inactive copy is cleared by the next Update.
+//
+// t.Prev, when set, must be the tables of an earlier Update still held:
+// the active ones or the Prev of the active ones. Their copy is then kept
+// as it is, unwritten, for as long as the tables pushed name it as Prev
+// (so a push meanwhile may wait for a flip to retire). When t.Prev is not
+// held (the tables were adopted from a previous agent), remapped rules'
+// SYNs are judged by t alone and none is handed over or kept: a gap, never
+// a SYN taken twice.
 func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	c := t.Config
 	switch {
@@ -213,10 +238,20 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	next := (x.version + 1) % tableVersions
+	prev := noVersion
+	if t.Prev != nil {
+		for _, v := range []uint32{x.version, x.prevOf} {
+			if v != noVersion && x.written[v] == t.Prev {
+				prev = v
+			}
+		}
+	}
+	next := x.nextVersion(prev)
 	if err := x.waitRetired(next); err != nil {
 		return err
 	}
+	x.written[next] = nil
+	remapped := t.Remapped()
 	slots, fresh := x.assignSlots(c)
 	for _, s := range fresh {
 		if err := x.zeroCounters(s); err != nil {
@@ -226,6 +261,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 
 	set := shoalSettings{Seed: c.Seed}
 	copy(set.Mac[:], ifMAC)
+	if prev != noVersion {
+		set.Prev = uint8(prev + 1)
+	}
 	if err := x.objs.Settings.Update(next, &set, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("update xdp settings: %w", err)
 	}
@@ -235,6 +273,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	var bt shoalBucketTable
 	for id, s := range slots {
 		ri := shoalRuleInfo{Id: uint32(id), Affinity: uint8(c.Affinity(id))}
+		if remapped[id] {
+			ri.Remap = 1
+		}
 		if r := c.Rule(id); r != nil && (r.Mode == ModeDisabled || r.State == RuleDisabled) {
 			ri.Disabled = 1
 		}
@@ -287,15 +328,42 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	if err := x.objs.Active.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("flip xdp tables: %w", err)
 	}
-	old := x.version
-	x.version, x.prevSlots, x.slots = next, x.slots, slots
-	done := make(chan struct{})
-	x.retired[old], x.retireErr[old] = done, nil
-	go func() {
-		x.retireErr[old] = x.barrier()
-		close(done)
-	}()
+	old, oldPin := x.version, x.prevOf
+	x.version, x.prevSlots, x.slots, x.prevOf = next, x.slots, slots, prev
+	x.written[next] = t
+	x.flips++
+	x.left[old] = x.flips
+	x.retire(old)
+	if oldPin != noVersion && oldPin != prev && oldPin != old {
+		x.retire(oldPin) // packets judged by old may still look it up
+	}
 	return nil
+}
+
+// nextVersion returns the version the next Update writes: neither the
+// active one nor one a version in use names as prev (nor prev, which the
+// new tables will), and of the others the one left longest ago.
+func (x *XDP) nextVersion(prev uint32) uint32 {
+	best := noVersion
+	for v := range uint32(tableVersions) {
+		if v == x.version || v == x.prevOf || v == prev {
+			continue
+		}
+		if best == noVersion || x.left[v] < x.left[best] {
+			best = v
+		}
+	}
+	return best // never noVersion: at most two of three are excluded
+}
+
+// retire starts the wait until no packet is judged by version v.
+func (x *XDP) retire(v uint32) {
+	r := &retirement{done: make(chan struct{})}
+	x.retired[v] = r
+	go func() {
+		r.err = x.barrier()
+		close(r.done)
+	}()
 }
 
 // barrier returns once every BPF program running when it was called has
@@ -311,16 +379,17 @@ func (x *XDP) barrier() error {
 // that it may be written; if the background wait failed it waits again.
 // Call it with mu held.
 func (x *XDP) waitRetired(v uint32) error {
-	if x.retired[v] == nil {
+	r := x.retired[v]
+	if r == nil {
 		return nil
 	}
-	<-x.retired[v]
-	if x.retireErr[v] != nil {
+	<-r.done
+	if r.err != nil {
 		if err := x.barrier(); err != nil {
 			return err
 		}
 	}
-	x.retired[v], x.retireErr[v] = nil, nil
+	x.retired[v] = nil
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -117,6 +118,7 @@ func TestDifferential(t *testing.T) {
 	verdicts := map[Verdict]int{}
 	reasons := map[DropReason]int{}
 	failures, fragHits := 0, 0
+	prevKept, prevHanded := 0, 0 // remapped SYNs taken, handed over under Prev
 	for set := 0; set < tableSets; set++ {
 		g := &gen{rng: rng, conn: conn, listener: listener, vips: []netip.Addr{vip0}, idBase: uint16(set) << 12}
 		if set >= 16 {
@@ -142,9 +144,18 @@ func TestDifferential(t *testing.T) {
 			g.conn6 = conn6
 		}
 		tb := g.tables()
+		if set%2 == 1 {
+			// After a rules change: remapped SYNs are judged under Prev
+			// first, whose copy the program keeps.
+			tb.Prev = g.prevOf(tb)
+			if err := x.Update(tb.Prev, nodeMAC); err != nil {
+				t.Fatalf("Update prev: %v", err)
+			}
+		}
 		if err := x.Update(tb, nodeMAC); err != nil {
 			t.Fatalf("Update: %v", err)
 		}
+		remapped := tb.Remapped()
 		expired := set%3 == 2
 		lease := time.Hour
 		if expired {
@@ -184,6 +195,14 @@ func TestDifferential(t *testing.T) {
 			refFrame := append([]byte(nil), frame...)
 			res := ref.Classify(refFrame)
 			want.Count(res)
+			if remapped[res.Rule] && !res.Handed && !res.State.TakesSYNs() {
+				switch res.Verdict {
+				case Accept:
+					prevKept++
+				case HandOver:
+					prevHanded++
+				}
+			}
 			if res.Reason == DropNotPeer {
 				wantHB++
 			}
@@ -236,6 +255,10 @@ func TestDifferential(t *testing.T) {
 	}
 	if held.found < 50 {
 		t.Errorf("only %d frames found the real connection", held.found)
+	}
+	t.Logf("remapped SYNs that Prev takes: %d kept, %d handed over", prevKept, prevHanded)
+	if prevKept < 30 || prevHanded < 30 {
+		t.Errorf("remapped SYNs that Prev takes: %d kept, %d handed over: the generator misses the path", prevKept, prevHanded)
 	}
 	t.Logf("IPv6: verdicts %v, reasons %v, real connection found %d times, %d later fragments of a seen datagram", verdicts6, reasons6, held.found6, fragHits6)
 	if fragHits6 < 100 {
@@ -425,5 +448,78 @@ func TestCountersFollowRules(t *testing.T) {
 	want := Counters{2: {Accepted: 5}, 3: {Accepted: 7}, 4: {Accepted: 1}}
 	if diff := cmp.Diff(want, noZero(got)); diff != "" {
 		t.Errorf("counters (-want +got):\n%s", diff)
+	}
+}
+
+// TestPrevHeldAcrossPushes pushes tables that name the same Prev several
+// times in a row, as a rules change's keeping and hand-over do, and then
+// tables without it: the program must judge remapped SYNs by Prev's copy
+// as pushed every time (the round-robin of table versions alone would
+// overwrite it on the second push), and by the new tables alone after.
+func TestPrevHeldAcrossPushes(t *testing.T) {
+	vip0, client := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
+	enterNetnsWith(t, vip0, client)
+	x := loadXDP(t)
+	conn, listener := realConn(t, vip0, client)
+	rng := rand.New(rand.NewPCG(3, 4))
+	g := &gen{rng: rng, conn: conn, listener: listener, vips: []netip.Addr{vip0}}
+	base := g.tables()
+	prev := g.prevOf(base)
+	prev.Config.Seed = base.Config.Seed + 1 // every rule remapped
+	if err := x.Update(prev, nodeMAC); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, 4096)
+	// One reference throughout: it remembers first fragments across
+	// pushes as the program's LRU does.
+	ref := NewClassifier(prev, nodeMAC, conns{conn: true})
+	check := func(step string, tb *Tables) (kept int) {
+		ref.SetTables(tb)
+		remapped := tb.Remapped()
+		for i := range 3000 {
+			frame := g.frame()
+			refFrame := append([]byte(nil), frame...)
+			res := ref.Classify(refFrame)
+			if remapped[res.Rule] && res.Verdict == Accept && !res.State.TakesSYNs() && !res.Handed {
+				kept++
+			}
+			opts := ebpf.RunOptions{Data: frame, DataOut: out}
+			act, err := x.Program().Run(&opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if act != res.Verdict.XDPAction() || !bytes.Equal(opts.DataOut, refFrame) {
+				t.Fatalf("%s, frame %d: xdp action %d, reference %+v\nframe %s", step, i, act, res, hex.EncodeToString(frame))
+			}
+		}
+		return kept
+	}
+	total := 0
+	for push := range 5 {
+		tb := &Tables{Config: base.Config, States: map[RuleID]*[NumBuckets]BucketState{},
+			HandTo: map[RuleID]*[NumBuckets]uint8{}, Prev: prev}
+		tb.HandMACs[1] = [6]byte{0x02, 0, 0, 0, 1, 1}
+		for _, id := range base.Config.RuleIDs() {
+			st, h := new([NumBuckets]BucketState), new([NumBuckets]uint8)
+			for b := range st {
+				st[b] = BucketState(rng.IntN(4))
+				h[b] = []uint8{0, 1, HandKeep, HandPending}[rng.IntN(4)]
+			}
+			tb.States[id], tb.HandTo[id] = st, h
+		}
+		if err := x.Update(tb, nodeMAC); err != nil {
+			t.Fatal(err)
+		}
+		total += check(fmt.Sprintf("push %d with prev", push), tb)
+	}
+	if total < 50 {
+		t.Errorf("only %d remapped SYNs kept under prev over five pushes: the frames miss the path", total)
+	}
+	for push := range 3 {
+		tb := g.tables()
+		if err := x.Update(tb, nodeMAC); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("push %d without prev", push), tb)
 	}
 }

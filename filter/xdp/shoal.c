@@ -43,6 +43,9 @@
 // one kind of bucket a SYN handed over to this node is taken in
 // (filter.HandPending).
 #define HAND_PENDING (MAX_HAND - 1)
+// The hand-over index of a bucket of a remapped rule whose SYNs that the
+// previous tables take are still taken here (filter.HandKeep).
+#define HAND_KEEP (MAX_HAND - 2)
 
 // Counter indexes: 0 accepted, then filter.DropReason.
 #define C_ACCEPTED 0
@@ -91,14 +94,16 @@ struct vip6_bucket {
 struct settings {
 	__u32 seed;
 	__u8 mac[6];
-	__u8 pad[2];
+	__u8 prev; // 1 + the version of filter.Tables.Prev; 0: none
+	__u8 pad;
 };
 
 struct rule_info {
 	__u32 id; // filter.RuleID, for debugging
 	__u8 affinity;
 	__u8 disabled;
-	__u8 pad[2];
+	__u8 remap; // filter.Tables.Remapped: a SYN is judged under prev first
+	__u8 pad;
 };
 
 struct port_table {
@@ -934,7 +939,7 @@ static __always_inline int hand_over(shoal_ctx *ctx, __u32 version, __u32 slot, 
 {
 	struct hand_table *ht = bpf_map_lookup_elem(&hand, &version);
 	struct ethhdr *eth = (void *)(long)ctx->data;
-	if (!REWRITE || !ht || to >= HAND_PENDING || (void *)(eth + 1) > (void *)(long)ctx->data_end)
+	if (!REWRITE || !ht || to >= HAND_KEEP || (void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return drop(slot, reason);
 	__u8 *dst = ht->mac[to];
 	if (!(dst[0] | dst[1] | dst[2] | dst[3] | dst[4] | dst[5]))
@@ -943,6 +948,37 @@ static __always_inline int hand_over(shoal_ctx *ctx, __u32 version, __u32 slot, 
 	__builtin_memcpy(eth->h_source, mac, 6);
 	count(slot, C_HANDED);
 	return V_TX;
+}
+
+// prev_takes reports whether the tables of version prev take the SYN of f
+// (OWNED, OWNED_DIRTY): its rule and bucket under prev's mapping, as
+// filter.Classifier.prevTakes finds them.
+static __always_inline int prev_takes(struct flow *f, __u32 prev)
+{
+	__u32 vidx;
+	if (f->v6) {
+		if (!vip6_index(prev, (__u8 *)f->vip_ip, &vidx))
+			return 0;
+	} else if (!vip_index(prev, f->vip_ip[0], &vidx)) {
+		return 0;
+	}
+	__u32 slot = port_slot(prev, vidx, PROTO_TCP_IDX, bpf_ntohs(f->vip_port));
+	if (slot >= MAX_SLOTS)
+		slot = 0;
+	__u32 rkey = prev * MAX_SLOTS + slot;
+	struct rule_info *ri = bpf_map_lookup_elem(&rules, &rkey);
+	struct settings *ps = bpf_map_lookup_elem(&settings, &prev);
+	struct bucket_table *bt = bpf_map_lookup_elem(&buckets, &rkey);
+	if (!ri || ri->disabled || !ps || !bt)
+		return 0;
+	struct flow g = {};
+	key_client(&g, f->v6, ri->affinity, (__u8 *)f->client_ip, bpf_ntohs(f->client_port));
+	__u32 nkey = g.nkey;
+	if (nkey > MAX_KEY)
+		nkey = MAX_KEY;
+	__u32 bucket = shoal_hash(ps->seed, g.key, nkey) & (NUM_BUCKETS - 1);
+	__u8 st = bt->state[bucket] & ST_MASK;
+	return st == ST_OWNED || st == ST_OWNED_DIRTY;
 }
 
 // shoal_verdict is the verdict core both parsers hand their flow to: the
@@ -1031,6 +1067,21 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 		break;
 	default:
 		reason = R_NOT_OWNED;
+	}
+	// A SYN in a rule the previous tables map otherwise: if they take it
+	// (this node owned the flow), it is taken while the new owner cannot
+	// take it and handed over once it can; otherwise these tables judge it
+	// alone, and it is never handed over from here (its owner under the
+	// previous mapping, this node or another, takes the flooded copy).
+	if (ri && ri->remap && f->syn && !f->first_frag) {
+		__u32 prev = s->prev;
+		if (reason && prev >= 1 && prev <= NUM_VERSIONS && !lease_expired() && prev_takes(f, prev - 1)) {
+			if (to == HAND_KEEP || to == HAND_PENDING)
+				reason = 0;
+			else if (to)
+				return hand_over(ctx, version, slot, to, s->mac, reason);
+		}
+		goto verdict;
 	}
 	// A stalled node hands nothing over: its view, and so who the new owner
 	// is, may be long out of date.
