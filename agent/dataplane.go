@@ -88,7 +88,7 @@ type reconciler struct {
 	prev      *filter.Tables
 	prevUntil time.Time
 	remapKeep bool
-	wg          sync.WaitGroup
+	wg        sync.WaitGroup
 }
 
 // dataSnap is what the reconciler publishes for the APIs; immutable.
