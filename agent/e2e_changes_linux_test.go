@@ -33,8 +33,8 @@ type plannedChange struct {
 // adding a rule for every VIP, adding a rule for the VIP over it, drainstop,
 // join and leave. Each must break no established connection and fail no
 // request; drainstop must return only once the drained node's connections
-// have closed. Requests delayed by a SYN retransmission are counted and
-// logged (issue 10 brings them to 0).
+// have closed, and no request may wait for a SYN retransmission (a SYN
+// that fell where no node took it).
 func TestE2EPlannedChanges(t *testing.T) {
 	all := []string{"node1", "node2", "node3"}
 	vipPort := func(l *lab.Lab) string { return l.VIP.String() + ":80" }
@@ -136,6 +136,9 @@ func underLoad(t *testing.T, l *lab.Lab, change func(h *holder) []*heldConn) {
 		len(h.conns), heldRequests(h), r.Requests, r.Failures, r.Delayed, r.ConnectP99MS, r.ByNode)
 	if r.Failures != 0 || r.Requests == 0 {
 		t.Errorf("%d of %d new-connection requests failed: %v %v", r.Failures, r.Requests, r.Errors, r.FailureList)
+	}
+	if r.Delayed != 0 {
+		t.Errorf("%d of %d new-connection requests waited for a SYN retransmission: a SYN fell where no node took it", r.Delayed, r.Requests)
 	}
 }
 
