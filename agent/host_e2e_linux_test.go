@@ -9,17 +9,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 
+	"github.com/shoalnet/shoal/agent"
 	"github.com/shoalnet/shoal/deploy/lab"
 )
 
@@ -27,34 +26,7 @@ import (
 // sockets f opens stay there.
 func inClientNamespace(t *testing.T, l *lab.Lab, f func() error) error {
 	t.Helper()
-	return inLabNamespace(t, l.Client.Namespace, f)
-}
-
-// inLabNamespace runs f on a thread in network namespace ns.
-func inLabNamespace(t *testing.T, ns string, f func() error) error {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	target, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		t.Fatal(err)
-	}
-	ferr := f()
-	if err := netns.Set(orig); err != nil {
-		// Leave the thread locked: it dies with the goroutine instead of
-		// serving others from the wrong namespace.
-		t.Fatalf("restore namespace: %v", err)
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	return agent.InNamespace(t, l.Client.Namespace, f)
 }
 
 // pingAndProbe sends n ICMP echo requests and n UDP datagrams from the
@@ -147,7 +119,7 @@ func TestE2EKill9FailSafeAndCleanup(t *testing.T) {
 	// counted there alone: the UDP counters also count the survivors'
 	// heartbeats to the dead agent's port.
 	var sink net.PacketConn
-	if err := inLabNamespace(t, n3.Namespace, func() (err error) {
+	if err := agent.InNamespace(t, n3.Namespace, func() (err error) {
 		sink, err = net.ListenPacket("udp4", ":9")
 		return err
 	}); err != nil {
