@@ -495,10 +495,7 @@ func (r *reconciler) keepRemapped(now time.Time, s *memberSnap, t *filter.Tables
 	if len(remapped) == 0 || h == nil || h.owners == nil {
 		return false
 	}
-	ready := map[filter.NodeID]bool{}
-	for _, p := range s.hb.Peers {
-		ready[filter.NodeID(p.ID)] = p.Live && p.View.Equal(s.hb.View)
-	}
+	ready := readyPeers(s)
 	keeps := now.Before(s.hb.AdoptedAt.Add(keepFor(s)))
 	kept := false
 	for id := range remapped {
@@ -541,10 +538,7 @@ func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) fi
 		return nil
 	}
 	same := sameFlows(last.Config, s.fcfg)
-	ready := map[filter.NodeID]bool{}
-	for _, p := range s.hb.Peers {
-		ready[filter.NodeID(p.ID)] = p.Live && p.View.Equal(s.hb.View)
-	}
+	ready := readyPeers(s)
 	var owners *filter.Owners
 	var keep filter.Set
 	for id, st := range last.States {
@@ -571,6 +565,17 @@ func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) fi
 		}
 	}
 	return keep
+}
+
+// readyPeers returns, per peer, whether it is live and advertises this
+// node's view: its tables then hold the buckets the view gives it pending,
+// so a SYN handed over to it is taken.
+func readyPeers(s *memberSnap) map[filter.NodeID]bool {
+	ready := map[filter.NodeID]bool{}
+	for _, p := range s.hb.Peers {
+		ready[filter.NodeID(p.ID)] = p.Live && p.View.Equal(s.hb.View)
+	}
+	return ready
 }
 
 // sameFlows reports, for a rule of config from, whether its bucket numbers
