@@ -122,6 +122,7 @@ type peer struct {
 	probeGone  bool // the last probe found nothing listening (ProbeGone)
 	suspect    bool
 	diedAt     time.Time // when it was last declared dead; zero if never
+	liveSince  time.Time // when it last became live (first heard, back, or a new incarnation)
 	mayHold    bool      // see PeerStatus.MayHold
 }
 
@@ -278,6 +279,9 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 	} else if p.restartMsg != nil && (msg.Incarnation == p.restartMsg.Incarnation || msg.Settled) {
 		// The restart was called off, or the new incarnation has settled.
 		p.restartUntil, p.restartMsg, changed = time.Time{}, nil, true
+	}
+	if p.msg == nil || !p.live || p.msg.Incarnation != msg.Incarnation {
+		p.liveSince = now
 	}
 	p.msg, p.lastHeard, p.live = msg, now, true
 	if m.claims(p) {

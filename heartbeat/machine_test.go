@@ -478,3 +478,51 @@ func TestUnionBuckets(t *testing.T) {
 		t.Errorf("Union (-want +got):\n%s", diff)
 	}
 }
+
+// TestReturningPeerDropsNoMember: a peer that comes back after a silence
+// (node 3, as after a stall) is heard by this node before another
+// member's heartbeat can acknowledge it. That member (node 1) hears
+// everybody and stays in the view; the newcomer joins once node 1
+// acknowledges it. Past two periods, a member that still does not hear it
+// is taken for the deaf side, as before.
+func TestReturningPeerDropsNoMember(t *testing.T) {
+	for _, stillDeaf := range []bool{false, true} {
+		h := newHarness(t, 2, 1, 3)
+		deafTo3 := func() *Message { // node 1's heartbeat, not acknowledging node 3
+			msg := h.hb(1, 1, 2)
+			msg.Acks = slices.DeleteFunc(msg.Acks, func(a Ack) bool { return a.Node == 3 })
+			return msg
+		}
+		for i := range 3 {
+			h.recv(at(float64(i)+0.1), h.hb(1, 1, 2, 3))
+			h.recv(at(float64(i)+0.1), h.hb(3, 1, 2, 3))
+			h.step(at(float64(i) + 0.2))
+		}
+		for i := 3; i < 12; i++ { // node 3 silent: dead after the tolerance
+			h.recv(at(float64(i)+0.1), deafTo3())
+			h.step(at(float64(i) + 0.2))
+		}
+		if st := h.m.Status(); !st.Converged || !slices.Equal(st.View.Eligible, []uint32{1, 2}) {
+			t.Fatalf("node 3 dead: view %v converged %v, want {1,2} converged", st.View.Eligible, st.Converged)
+		}
+		h.recv(at(12.1), h.hb(3, 1, 2, 3))
+		if st := h.m.Status(); !slices.Equal(st.View.Eligible, []uint32{1, 2}) {
+			t.Fatalf("node 3 back, node 1's last heartbeat from before: view %v, want {1,2}: node 1 hears everybody", st.View.Eligible)
+		}
+		if !stillDeaf {
+			h.recv(at(12.15), h.hb(1, 1, 2))
+			if st := h.m.Status(); !slices.Equal(st.View.Eligible, []uint32{1, 2, 3}) {
+				t.Fatalf("node 1 acknowledges node 3: view %v, want {1,2,3}", st.View.Eligible)
+			}
+			continue
+		}
+		for i := 12; i < 16; i++ {
+			h.recv(at(float64(i)+0.12), deafTo3())
+			h.step(at(float64(i) + 0.2))
+			h.recv(at(float64(i)+1.1), h.hb(3, 1, 2, 3))
+		}
+		if st := h.m.Status(); !slices.Equal(st.View.Eligible, []uint32{2, 3}) {
+			t.Fatalf("node 1 deaf to node 3 for 4 periods: view %v, want {2,3} (node 1 the deaf side)", st.View.Eligible)
+		}
+	}
+}

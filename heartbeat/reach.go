@@ -13,21 +13,35 @@ import (
 // with the same reports computes the same view. It removes the node with
 // the most broken links among those left, then the one that fails to hear
 // more nodes that hear it (a deaf side), then the higher id; and again until
-// every pair left hears each other. For the faults one meets (a link cut one
+// every pair left hears each other. Before all of these it removes a
+// newcomer (a peer that became live within the last two periods, here)
+// with a broken link between two others: that another node's last
+// heartbeat does not acknowledge it yet says only that the heartbeat
+// predates its return, and without this rule a member that hears
+// everybody would be taken for the deaf side of a node coming back from a
+// stall and dropped for a heartbeat. Not for links of this node's own: a
+// node coming back itself finds every peer a newcomer, and must still
+// leave itself out until they hear it. For the faults one meets (a link cut one
 // or both ways, a deaf or mute node, a few links) that leaves a largest
 // group of mutually hearing nodes.
 
 // reachCache remembers the last computation: recompute runs on every tick.
 type reachCache struct {
-	valid   bool
-	version uint64
-	in, out []uint32
+	valid        bool
+	version      uint64
+	in, out, new []uint32
 }
 
 // mutual returns the largest group of elig (sorted) in which every pair
 // hears each other, chosen as described above.
 func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
-	if c := &m.reach; c.valid && c.version == m.version && slices.Equal(c.in, elig) {
+	var fresh []uint32 // the newcomers among elig
+	for _, id := range elig {
+		if p := m.peers[id]; id != m.cfg.Self && p != nil && now.Sub(p.liveSince) < m.period(2) {
+			fresh = append(fresh, id)
+		}
+	}
+	if c := &m.reach; c.valid && c.version == m.version && slices.Equal(c.in, elig) && slices.Equal(c.new, fresh) {
 		return c.out
 	}
 	n := len(elig)
@@ -52,7 +66,7 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 			left[i] = true
 		}
 		for {
-			worst, wb, wd := -1, 0, 0
+			worst, wn, wb, wd := -1, false, 0, 0
 			for i := range n {
 				if !left[i] {
 					continue
@@ -69,9 +83,10 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 						d++
 					}
 				}
-				// Ties go to the later (higher) id.
-				if b > 0 && (b > wb || (b == wb && d >= wd)) {
-					worst, wb, wd = i, b, d
+				nc := slices.Contains(fresh, elig[i]) && brokenAmongOthers(hears, left, n, i, slices.Index(elig, m.cfg.Self))
+				// Newcomers first; ties go to the later (higher) id.
+				if b > 0 && (worst < 0 || (nc && !wn) || (nc == wn && (b > wb || (b == wb && d >= wd)))) {
+					worst, wn, wb, wd = i, nc, b, d
 				}
 			}
 			if worst < 0 {
@@ -86,8 +101,20 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 			}
 		}
 	}
-	m.reach = reachCache{valid: true, version: m.version, in: elig, out: out}
+	m.reach = reachCache{valid: true, version: m.version, in: elig, out: out, new: fresh}
 	return out
+}
+
+// brokenAmongOthers reports whether node i of the reachability matrix has
+// a broken link, among the nodes left, with a node other than self (the
+// index of this node; -1 when it is not eligible).
+func brokenAmongOthers(hears, left []bool, n, i, self int) bool {
+	for j := range n {
+		if j != i && j != self && left[j] && (!hears[i*n+j] || !hears[j*n+i]) {
+			return true
+		}
+	}
+	return false
 }
 
 // hears reports whether node a hears node b, as far as this node knows: its
