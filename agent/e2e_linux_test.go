@@ -181,7 +181,14 @@ func client(t *testing.T, l *lab.Lab, name string) *agent.Client {
 // shoal runs the CLI against a node and returns its output and exit code.
 func shoal(t *testing.T, l *lab.Lab, name string, args ...string) (string, int) {
 	t.Helper()
+	return shoalEnv(t, l, name, nil, args...)
+}
+
+// shoalEnv is shoal with env added to the CLI's environment.
+func shoalEnv(t *testing.T, l *lab.Lab, name string, env []string, args ...string) (string, int) {
+	t.Helper()
 	cmd := exec.Command(shoalBin, append([]string{"--socket", node(t, l, name).Socket}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {

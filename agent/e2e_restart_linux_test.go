@@ -16,15 +16,17 @@ import (
 	"github.com/shoalnet/shoal/deploy/lab"
 )
 
-// TestE2EHitlessRestart: `shoal restart`, SIGTERM (what `systemctl
+// TestE2EHitlessRestart: a restart armed, SIGTERM (what `systemctl
 // restart` sends), then the same binary started again, on a node holding
 // 50 keep-alive connections while new connections keep coming, twice: once
-// as it is (the new agent adopts the pinned tables) and once as if the new
-// binary had another XDP program (the record says the pins are another
-// program's: the new agent takes over the link and rebuilds the tables from
-// the record). No request fails, no held connection breaks or moves, and
-// the three nodes cover every bucket again after each. For an IPv4 and an
-// IPv6 VIP.
+// as `systemctl restart shoal` does it (the unit's ExecStop= arms it, with
+// a systemctl that reports a restart job) and the new agent adopts the
+// pinned tables, and once armed by `shoal restart` as if the new binary
+// had another XDP program (the record says the pins are another program's:
+// the new agent takes over the link and rebuilds the tables from the
+// record). No request fails, no held connection breaks or moves, and the
+// three nodes cover every bucket again after each. For an IPv4 and an IPv6
+// VIP.
 func TestE2EHitlessRestart(t *testing.T) {
 	forFamilies(t, testHitlessRestart)
 }
@@ -39,13 +41,14 @@ func testHitlessRestart(t *testing.T, family lab.Family) {
 	p := proc(t, l, "node3", "agent")
 	for _, tc := range []struct {
 		name, want string
+		arm        func()
 		between    func()
 	}{
-		{"same program", "adopted the pinned data plane", nil},
-		{"another program", "rebuilt from the restart record", func() { otherProgram(t, node(t, l, "node3").DataDir) }},
+		{"same program", "adopted the pinned data plane", func() { unitExecStop(t, l, "node3", "restart") }, nil},
+		{"another program", "rebuilt from the restart record", func() { mustShoal(t, l, "node3", "restart") }, func() { otherProgram(t, node(t, l, "node3").DataDir) }},
 	} {
 		time.Sleep(time.Second)
-		mustShoal(t, l, "node3", "restart")
+		tc.arm()
 		stopped := time.Now()
 		stopAgent(t, l, "node3", syscall.SIGTERM)
 		exited := time.Since(stopped)
@@ -86,6 +89,36 @@ func testHitlessRestart(t *testing.T, family lab.Family) {
 			t.Errorf("node3 logged an error: %s", line)
 		}
 	}
+}
+
+// unitExecStop runs the ExecStop= command of deploy/shoal.service against
+// node, with a systemctl on PATH that reports job as systemd's job for the
+// unit, and returns its output.
+func unitExecStop(t *testing.T, l *lab.Lab, node, job string) string {
+	t.Helper()
+	unit, err := os.ReadFile("../deploy/shoal.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for _, line := range strings.Split(string(unit), "\n") {
+		if cmd, ok := strings.CutPrefix(line, "ExecStop=-"); ok {
+			args = strings.Fields(cmd)[1:] // the unit's binary is this test's
+		}
+	}
+	if args == nil {
+		t.Fatal("deploy/shoal.service has no ExecStop=-")
+	}
+	dir := t.TempDir()
+	script := fmt.Sprintf("#!/bin/sh\n[ \"$1\" = list-jobs ] && echo '  41 shoal.service %s running'\n", job)
+	if err := os.WriteFile(filepath.Join(dir, "systemctl"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, code := shoalEnv(t, l, node, []string{"PATH=" + dir + ":" + os.Getenv("PATH")}, args...)
+	if code != 0 || !strings.Contains(out, "restart armed") {
+		t.Fatalf("the unit's ExecStop= (shoal %s) with a %s job: exit %d: %s", strings.Join(args, " "), job, code, out)
+	}
+	return out
 }
 
 // otherProgram makes the restart record in dataDir say the pinned data

@@ -148,6 +148,8 @@ func startFake(t *testing.T, f *fakeAgent) string {
 			json.NewEncoder(w).Encode(st)
 		case "/v1/query":
 			json.NewEncoder(w).Encode(q)
+		case "/v1/restart":
+			json.NewEncoder(w).Encode(agent.RestartArmed{Window: agent.DefaultRestartWindow, Until: time.Now().Add(time.Minute)})
 		case "/v1/admin":
 			var req agent.AdminRequest
 			json.Unmarshal(body.Bytes(), &req)
