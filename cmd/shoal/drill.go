@@ -20,13 +20,14 @@ import (
 var drillCommand = &cli.Command{
 	Name:      "drill",
 	Usage:     "pull a node's plug (or kill, drain, join, reweight it) under load and report what clients saw",
-	ArgsUsage: "plug|kill|drainstop|join|weight|rule|sigterm",
+	ArgsUsage: "plug|kill|drainstop|join|weight|rule|sigterm|restart",
 	Description: "Sends HTTP GET requests to the VIP (new connections, or --keepalive) and, after\n" +
 		"--lead, acts on one node: plug (a pulled cable), kill (SIGKILL the agent, lab\n" +
 		"only), drainstop, join (the node is stopped first, then started) or weight\n" +
 		"(set its weight on the port rule to --weight); in a lab also rule (the port\n" +
-		"rule's range grows to 80-81, a change of its mapping) and sigterm (a graceful\n" +
-		"stop of the node's agent, as systemctl stop). It prints a live progress line,\n" +
+		"rule's range grows to 80-81, a change of its mapping), sigterm (a graceful\n" +
+		"stop of the node's agent, as systemctl stop) and restart (a hitless restart of\n" +
+		"the node's agent, as systemctl restart). It prints a live progress line,\n" +
 		"then a timeline per 100 ms (successes, failures, p50/p99, responses per node and\n" +
 		"each node's share of accepted packets from the agents' counters), the time the\n" +
 		"cluster took to settle (the failover time) and every failed request.\n\n" +
@@ -64,7 +65,7 @@ var drillCommand = &cli.Command{
 		&cli.StringFlag{Name: "out-svg", Usage: "write the plot as SVG to this file"},
 	},
 	Action: func(c *cli.Context) error {
-		arg, err := oneArg(c, "plug|kill|drainstop|join|weight|rule|sigterm")
+		arg, err := oneArg(c, "plug|kill|drainstop|join|weight|rule|sigterm|restart")
 		if err != nil {
 			return err
 		}

@@ -46,7 +46,7 @@ func (t *Traffic) defaults() error {
 }
 
 // ErrLabOnly is returned for a scenario a real cluster cannot run.
-var ErrLabOnly = errors.New("drill: kill, sigterm and rule need --lab (on a real cluster, signal the agent yourself, or change the rule with shoal rules set)")
+var ErrLabOnly = errors.New("drill: kill, sigterm, restart and rule need --lab (on a real cluster, signal or restart the agent yourself, or change the rule with shoal rules set)")
 
 // DefaultSettleTimeout bounds the wait for the cluster to settle after the
 // event.
@@ -243,7 +243,7 @@ func finish(res load.Result, loadErr error, samples []Sample, q query, tr Traffi
 // are checked (all), on a real cluster only the local agent's view.
 func settledWhat(s Scenario, how string, all bool) string {
 	switch s {
-	case Plug, Kill, Drainstop:
+	case Plug, Kill, Drainstop, SIGTERM:
 		if all {
 			return "failover: " + how + " without the node, every bucket owned again"
 		}
@@ -255,6 +255,8 @@ func settledWhat(s Scenario, how string, all bool) string {
 		return "joined: " + how + " with the node"
 	case Rule:
 		return "rule changed: " + how + " at the new rules index, every bucket owned"
+	case Restart:
+		return "restarted: " + how + " with the node back, every bucket owned"
 	}
 	return "rebalanced: " + how + " with the new weight"
 }

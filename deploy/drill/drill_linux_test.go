@@ -260,3 +260,54 @@ func TestLabRule(t *testing.T) {
 		t.Errorf("delayed: %d in the timeline, %d listed, %d counted", delayed, len(rep.DelayedList), rep.Delayed)
 	}
 }
+
+// TestLabRestart is `shoal drill --lab --keepalive restart`, briefly: the
+// victim's agent is restarted hitlessly under keep-alive load. No request
+// fails, no worker opens a second connection (none broke), the victim
+// answers its connections' requests in every 100 ms of the restart (a
+// graceful stop and start instead stalls them for most of a second, until
+// the new agent is back), and the drill measures when the restarted node is
+// back with every bucket owned.
+func TestLabRestart(t *testing.T) {
+	bin, base := needLab(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const workers = 12 // so that some keep-alive connections are the victim's
+	rep, err := RunLab(ctx, LabOptions{
+		Scenario: Restart,
+		Traffic:  Traffic{Duration: 4 * time.Second, Lead: time.Second, Concurrency: workers, KeepAlive: true, Timeout: 2 * time.Second},
+		Lab:      lab.Options{Nodes: 3, Binary: bin, Base: base},
+		Progress: tWriter{t},
+	})
+	if rep != nil {
+		var b bytes.Buffer
+		rep.WriteText(&b)
+		t.Log("\n" + b.String())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Scenario != Restart || rep.SettledMS <= 0 || rep.SettledMS > 10000 {
+		t.Errorf("drill %q settled after %v ms; want restart, a measured time", rep.Scenario, rep.SettledMS)
+	}
+	if rep.Failures != 0 || rep.Requests < 100 || rep.Connects > workers {
+		t.Errorf("%d of %d requests failed (%v), %d connects for %d workers; want none failed of at least 100, no connection opened twice",
+			rep.Failures, rep.Requests, rep.Errors, rep.Connects, workers)
+	}
+	after, silent := 0, 0 // the victim's responses after the restart began, and its slots without any
+	for _, s := range rep.Timeline {
+		if s.AtMS >= rep.EventAtMS {
+			after += s.Responses[rep.Node]
+			if s.Responses[rep.Node] == 0 {
+				silent++
+			}
+		}
+	}
+	if after == 0 {
+		t.Errorf("%s served no request after its restart began: no connection of the drill was its", rep.Node)
+	}
+	if silent > 0 {
+		t.Errorf("%s answered nothing in %d of the 100 ms slots after its restart began: its connections stalled", rep.Node, silent)
+	}
+	t.Logf("%s served %d requests after its restart began", rep.Node, after)
+}

@@ -187,21 +187,29 @@ func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, erro
 		if d.o.Scenario == SIGTERM {
 			sig = syscall.SIGTERM
 		}
-		// The newest agent process of the node: a join may have restarted it.
-		var p lab.Proc
-		for _, q := range slices.Backward(l.Procs) {
-			if q.Host == name && q.Role == "agent" {
-				p = q
-				break
-			}
-		}
-		if p.PID == 0 {
-			return nil, fmt.Errorf("drill: no agent process of %s", name)
-		}
-		if err := syscall.Kill(p.PID, sig); err != nil {
-			return nil, fmt.Errorf("drill: signal %s's agent (pid %d, %v): %w", name, p.PID, sig, err)
+		if _, err := d.signal(sig); err != nil {
+			return nil, err
 		}
 		return func() error { return d.without(ctx, victimID) }, nil
+	case Restart:
+		if _, err := d.ctl.Run(ctx, d.victim.Socket, "restart"); err != nil {
+			return nil, err
+		}
+		p, err := d.signal(syscall.SIGTERM)
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-l.Exited(p):
+		case <-time.After(15 * time.Second):
+			return nil, fmt.Errorf("drill: %s's agent (pid %d) did not exit within 15 s of SIGTERM", name, p.PID)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if _, err := l.Start(name, "agent", "agent", "--config", d.victim.Config); err != nil {
+			return nil, fmt.Errorf("drill: start %s's agent again: %w", name, err)
+		}
+		return func() error { return d.all(ctx, 0, victimID) }, nil
 	case Rule:
 		rule := netip.AddrPortFrom(l.VIP, lab.HTTPPort).String()
 		if _, err := d.ctl.Run(ctx, d.victim.Socket, "rules", "set", "--ports", fmt.Sprintf("%d-%d", lab.HTTPPort, lab.HTTPPort+1), rule); err != nil {
@@ -234,6 +242,20 @@ func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, erro
 		return func() error { return d.all(ctx, st.RulesIndex, 0) }, nil
 	}
 	return nil, fmt.Errorf("drill: unknown scenario %q", d.o.Scenario)
+}
+
+// signal sends sig to the victim's newest agent process (a join may have
+// restarted it) and returns that process.
+func (d *labDrill) signal(sig syscall.Signal) (lab.Proc, error) {
+	name := d.victim.Name
+	p, ok := d.l.Newest(name, "agent")
+	if !ok {
+		return p, fmt.Errorf("drill: no agent process of %s", name)
+	}
+	if err := syscall.Kill(p.PID, sig); err != nil {
+		return p, fmt.Errorf("drill: signal %s's agent (pid %d, %v): %w", name, p.PID, sig, err)
+	}
+	return p, nil
 }
 
 // without passes when every node but the victim has converged on a view

@@ -30,10 +30,14 @@ const (
 	// SIGTERM stops the node's agent gracefully, as `systemctl stop`
 	// does (lab only).
 	SIGTERM Scenario = "sigterm"
+	// Restart restarts the node's agent hitlessly, as `systemctl restart
+	// shoal` does (lab only): `shoal restart`, SIGTERM, the agent started
+	// again, which adopts the data plane the old one left.
+	Restart Scenario = "restart"
 )
 
 // Scenarios lists every scenario, in the order the CLI shows them.
-var Scenarios = []Scenario{Plug, Kill, Drainstop, Join, Weight, Rule, SIGTERM}
+var Scenarios = []Scenario{Plug, Kill, Drainstop, Join, Weight, Rule, SIGTERM, Restart}
 
 // ParseScenario returns the scenario called s.
 func ParseScenario(s string) (Scenario, error) {
@@ -66,6 +70,8 @@ func (s Scenario) verb() string {
 		return "port rule changed through"
 	case SIGTERM:
 		return "agent stopped (SIGTERM) on"
+	case Restart:
+		return "agent restarted on"
 	}
 	return string(s) + " of"
 }
@@ -76,4 +82,4 @@ func (s Scenario) LosesNode() bool { return s == Plug || s == Kill || s == Drain
 
 // LabOnly reports whether only a lab can run the scenario: a drill does
 // not signal agents or rewrite rules on a real cluster.
-func (s Scenario) LabOnly() bool { return s == Kill || s == SIGTERM || s == Rule }
+func (s Scenario) LabOnly() bool { return s == Kill || s == SIGTERM || s == Rule || s == Restart }

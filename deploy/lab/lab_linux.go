@@ -693,6 +693,19 @@ func (l *Lab) NodeStatus(ctx context.Context, node string) (NodeStatus, error) {
 	return l.ctl.Status(ctx, h.Socket)
 }
 
+// Newest returns the lab's newest process of role on host, e.g. the agent
+// a restart started.
+func (l *Lab) Newest(host, role string) (Proc, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range slices.Backward(l.Procs) {
+		if p.Host == host && p.Role == role {
+			return p, true
+		}
+	}
+	return Proc{}, false
+}
+
 // Signal sends sig to the lab's live process of role ("agent", "serve") on
 // host, e.g. SIGKILL to an agent for a kill drill.
 func (l *Lab) Signal(host, role string, sig syscall.Signal) error {
