@@ -124,8 +124,15 @@ func vipCounter(t *testing.T, l *lab.Lab) func() uint64 {
 }
 
 // upLabWith is upLab with more options.
+// labServer is the web server of the labs that do not name one; the
+// planned-change tests run Apache, nginx and a dual-stack server always.
+var labServer = flag.String("server", "", "the web server of the end-to-end labs that do not name one: builtin, dualstack, nginx or apache")
+
 func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 	t.Helper()
+	if o.Server == "" {
+		o.Server = lab.Server(*labServer)
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("end-to-end lab tests need root (network namespaces, XDP)")
 	}
