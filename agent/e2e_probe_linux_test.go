@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shoalnet/shoal/deploy/lab"
+	"github.com/shoalnet/shoal/heartbeat"
 )
 
 // dropHeartbeats makes host's namespace drop the heartbeats it receives
@@ -17,6 +19,21 @@ import (
 // an nftables table of its own; heal removes it (also at cleanup). It runs
 // in the input hook, after XDP, so it is what a host firewall does.
 func dropHeartbeats(t *testing.T, l *lab.Lab, host string, from netip.Addr) (heal func()) {
+	t.Helper()
+	return firewallHeartbeats(t, l, host, "input", from)
+}
+
+// muteHeartbeats makes host's namespace drop every heartbeat it sends (its
+// output hook), as an egress firewall does; heal removes the rule.
+func muteHeartbeats(t *testing.T, l *lab.Lab, host string) (heal func()) {
+	t.Helper()
+	return firewallHeartbeats(t, l, host, "output", netip.Addr{})
+}
+
+// firewallHeartbeats drops heartbeats in host's namespace at hook (input:
+// received from peer, or from everyone if peer is the zero Addr; output:
+// sent to peer, or to everyone).
+func firewallHeartbeats(t *testing.T, l *lab.Lab, host, hook string, peer netip.Addr) (heal func()) {
 	t.Helper()
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("needs nftables' nft (apt-get install nftables; .ci/run installs it)")
@@ -31,11 +48,15 @@ func dropHeartbeats(t *testing.T, l *lab.Lab, host string, from netip.Addr) (hea
 		return nil
 	}
 	match := ""
-	if from.IsValid() {
-		match = "ip saddr " + from.String() + " "
+	if peer.IsValid() {
+		dir := "saddr"
+		if hook == "output" {
+			dir = "daddr"
+		}
+		match = "ip " + dir + " " + peer.String() + " "
 	}
-	const table = "shoal_test_hbdrop"
-	if err := nft(fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority 0; policy accept;\n  %sudp dport %d drop\n }\n}\n", table, match, lab.HeartbeatPort)); err != nil {
+	table := "shoal_test_hbdrop_" + hook
+	if err := nft(fmt.Sprintf("table inet %s {\n chain %s {\n  type filter hook %[2]s priority 0; policy accept;\n  %sudp dport %d drop\n }\n}\n", table, hook, match, lab.HeartbeatPort)); err != nil {
 		t.Fatal(err)
 	}
 	healed := false
@@ -120,6 +141,50 @@ func TestE2EDeafNode(t *testing.T) {
 	}
 	heal()
 	poll(t, 10*time.Second, "node3 back after it hears again", func() error { return covered(l, "node1", "node2", "node3") })
+	h.close()
+	t.Logf("held connections by node: node1 %d, node2 %d, node3 %d", len(byNode(h.conns)["node1"]), len(byNode(h.conns)["node2"]), len(byNode(h.conns)["node3"]))
+	h.check(t)
+}
+
+// TestE2EMuteNode: node3's heartbeats stop reaching anyone (a firewall in
+// its namespace drops every heartbeat it sends; it still hears its peers,
+// and its peer API answers their probes). node1 and node2, which hear each
+// other, take every bucket within T+3 periods; node3, which learns from
+// their heartbeats that they do not hear it, takes none, and no held
+// connection breaks. Under new-connection load, at most 1% of requests
+// fail.
+func TestE2EMuteNode(t *testing.T) {
+	l := upLab(t, 3)
+	bound := time.Duration(heartbeat.DefaultTolerance+3) * heartbeat.DefaultPeriod
+	h := hold(t, l, dialFromClient(t, l, 30), 100*time.Millisecond)
+	waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: 6 * time.Second, Concurrency: 8, Rate: 200, Timeout: 3 * time.Second})
+	time.Sleep(500 * time.Millisecond)
+	heal := muteHeartbeats(t, l, "node3")
+	muted := time.Now()
+	var unsettled time.Time
+	var why error
+	for time.Since(muted) < 4*time.Second {
+		names, err := owners(l)
+		if ok := err == nil && slices.Equal(names, []string{"node1", "node2"}); !ok {
+			if err == nil {
+				err = fmt.Errorf("owners %v", names)
+			}
+			unsettled, why = time.Now(), err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	settled := unsettled.Sub(muted)
+	t.Logf("node3 mute: node1 and node2 the only owners %v after the fault (bound T+3 periods = %v)", settled.Round(time.Millisecond), bound)
+	if settled > bound {
+		t.Errorf("ownership settled %v after node3 went mute, bound %v; last unsettled: %v", settled, bound, why)
+	}
+	heal()
+	r := waitLoad()
+	t.Logf("load: %d requests, %d failed, %d delayed by a SYN retransmission; by node %v", r.Requests, r.Failures, r.Delayed, r.ByNode)
+	if r.Requests == 0 || r.Failures*100 > r.Requests {
+		t.Errorf("%d of %d requests failed (%v), want at most 1%%", r.Failures, r.Requests, r.Errors)
+	}
+	poll(t, 10*time.Second, "node3 back once it is heard again", func() error { return covered(l, "node1", "node2", "node3") })
 	h.close()
 	t.Logf("held connections by node: node1 %d, node2 %d, node3 %d", len(byNode(h.conns)["node1"]), len(byNode(h.conns)["node2"]), len(byNode(h.conns)["node3"]))
 	h.check(t)
