@@ -43,8 +43,10 @@ const xdpAttachedDrv = 1
 // by a binary with the same program (and so the same table layout and
 // meaning); another one loads fresh tables and takes over the link.
 func programStamp() string {
-	sum := sha256.Sum256(_ShoalBytes)
-	return hex.EncodeToString(sum[:8])
+	h := sha256.New()
+	h.Write(_ShoalBytes)
+	h.Write(_ShoalTcBytes)
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // Adoption says what LoadPinnedXDP found.
@@ -248,7 +250,7 @@ func (x *XDP) Pin(dir string) (err error) {
 			return err
 		}
 	}
-	if err := x.objs.ShoalXdp.Pin(filepath.Join(dir, pinProg)); err != nil {
+	if err := x.attached().Pin(filepath.Join(dir, pinProg)); err != nil {
 		return err
 	}
 	if err := x.link.Pin(filepath.Join(dir, pinLink)); err != nil {
@@ -282,6 +284,9 @@ func (x *XDP) unpin() {
 	if x.objs.ShoalXdp != nil {
 		x.objs.ShoalXdp.Unpin()
 	}
+	if x.tc != nil {
+		x.tc.ShoalTc.Unpin()
+	}
 	if x.link != nil {
 		x.link.Unpin()
 	}
@@ -302,46 +307,60 @@ func (x *XDP) Release() error {
 	if !pinned {
 		return x.Close()
 	}
-	if err := x.objs.Close(); err != nil {
+	if err := x.closeObjs(); err != nil {
 		return fmt.Errorf("release xdp objects: %w", err)
 	}
 	return nil
 }
 
 // attachPending moves an adopted link (LoadPinnedXDP) to this program when
-// it is attached to ifname, and reports whether it did; a link attached
-// elsewhere, or one that refuses the update, is closed (detached). Called
-// with x.mu held.
+// it is attached to ifname, and reports whether it did: an XDP link to the
+// XDP program, a tcx link to the tc build. A link attached elsewhere, or
+// one that refuses the update, is closed (detached). Called with x.mu held.
 func (x *XDP) attachPending(ifname string) bool {
 	old := x.pending
 	if old == nil {
 		return false
 	}
 	x.pending = nil
-	ifc, err := net.InterfaceByName(ifname)
-	if err == nil {
-		var info *link.Info
-		if info, err = old.Info(); err == nil {
-			if xi := info.XDP(); xi == nil || int(xi.Ifindex) != ifc.Index {
-				err = fmt.Errorf("pinned link is not on %s", ifname)
-			}
-		}
-	}
-	if err == nil {
-		err = old.Update(x.objs.ShoalXdp)
-	}
+	mode, err := x.adoptLink(old, ifname)
 	if err != nil {
 		old.Close()
 		return false
 	}
-	x.link, x.mode = old, x.pendingMode
-	if x.mode == AttachNone {
-		x.mode = AttachGeneric
-		if l, lerr := netlink.LinkByName(ifname); lerr == nil && l.Attrs().Xdp != nil && l.Attrs().Xdp.AttachMode == xdpAttachedDrv {
-			x.mode = AttachNative
-		}
-	}
+	x.link, x.mode = old, mode
 	return true
+}
+
+// adoptLink updates the adopted link l to this program and returns the
+// mode it is attached in. Called with x.mu held.
+func (x *XDP) adoptLink(l link.Link, ifname string) (AttachMode, error) {
+	ifc, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return AttachNone, err
+	}
+	info, err := l.Info()
+	if err != nil {
+		return AttachNone, err
+	}
+	switch xi, ti := info.XDP(), info.TCX(); {
+	case xi != nil && int(xi.Ifindex) == ifc.Index:
+		mode := x.pendingMode
+		if mode != AttachNative && mode != AttachGeneric {
+			mode = AttachGeneric
+			if nl, err := netlink.LinkByName(ifname); err == nil && nl.Attrs().Xdp != nil && nl.Attrs().Xdp.AttachMode == xdpAttachedDrv {
+				mode = AttachNative
+			}
+		}
+		return mode, l.Update(x.objs.ShoalXdp)
+	case ti != nil && int(ti.Ifindex) == ifc.Index:
+		prog, err := x.tcProgram()
+		if err != nil {
+			return AttachNone, err
+		}
+		return AttachTC, l.Update(prog)
+	}
+	return AttachNone, fmt.Errorf("pinned link is not on %s", ifname)
 }
 
 // mountBPF makes sure dir exists on a bpf filesystem: when it cannot be

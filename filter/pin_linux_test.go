@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
 )
@@ -92,10 +94,12 @@ func TestPinAdopt(t *testing.T) {
 	if err := y.Attach(ifname); err != nil {
 		t.Fatal(err)
 	}
-	if y.Mode() != AttachGeneric {
-		t.Errorf("adopted link's mode %q, want generic (veth)", y.Mode())
+	if y.Mode() != AttachTC {
+		t.Errorf("adopted link's mode %q, want tc (veth)", y.Mode())
 	}
-	info, err := y.Program().Info()
+	y.mu.Lock()
+	info, err := y.attached().Info()
+	y.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +141,8 @@ func TestPinAdopt(t *testing.T) {
 	}
 }
 
-// attachedProg returns the id of the XDP program on ifname, 0 if none.
+// attachedProg returns the id of the program on ifname (XDP, or the first
+// on tcx ingress), 0 if none.
 func attachedProg(t *testing.T, ifname string) uint32 {
 	t.Helper()
 	l, err := netlink.LinkByName(ifname)
@@ -146,6 +151,13 @@ func attachedProg(t *testing.T, ifname string) uint32 {
 	}
 	if x := l.Attrs().Xdp; x != nil && x.Attached {
 		return x.ProgId
+	}
+	q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Programs) > 0 {
+		return uint32(q.Programs[0].ID)
 	}
 	return 0
 }

@@ -47,15 +47,19 @@ type AttachMode string
 const (
 	AttachNone    AttachMode = ""        // not attached
 	AttachNative  AttachMode = "native"  // in the driver (XDP_FLAGS_DRV_MODE)
-	AttachGeneric AttachMode = "generic" // on the skb (XDP_FLAGS_SKB_MODE)
+	AttachTC      AttachMode = "tc"      // tc ingress through tcx: the tc build, accepted skbs marked the host's
+	AttachGeneric AttachMode = "generic" // on the skb (XDP_FLAGS_SKB_MODE), where tcx is missing
 )
 
 // XDP is the loaded data plane: the program, its tables and, once
 // attached, its link to an interface. Its methods are safe for concurrent
 // use.
 type XDP struct {
-	mu      sync.Mutex
-	objs    shoalObjects
+	mu   sync.Mutex
+	objs shoalObjects
+	// tc is the tc-ingress build over objs' maps, loaded when first
+	// attached that way (nil until then).
+	tc      *shoalTcObjects
 	link    link.Link
 	mode    AttachMode
 	version uint32                  // the version packets are judged by
@@ -87,6 +91,8 @@ type XDP struct {
 
 	// putVIPs writes one VIP directory entry; tests make it fail.
 	putVIPs func(key uint32, vb *shoalVipBucket) error
+	// noTCX attaches as on a kernel without tcx (tests).
+	noTCX bool
 }
 
 // LoadXDP loads the XDP program and its tables into the kernel. It judges
@@ -125,10 +131,14 @@ func (x *XDP) Run(frame []byte) (action uint32, out []byte, err error) {
 }
 
 // Attach attaches the program to interface ifname in a mode that delivers
-// accepted packets to the stack: generic XDP on veth (native XDP on veth
-// keeps the stale multicast packet type after the MAC rewrite, and TCP
-// drops the packet), native on other drivers, falling back to generic
-// where the driver has no XDP support. Call Update first.
+// accepted packets to the stack: native XDP where the driver has it (not
+// veth: native XDP on veth keeps the stale multicast packet type after the
+// MAC rewrite, and TCP drops the packet), else the tc build on tc ingress
+// (tcx), which judges the same frames after the skb is built and marks an
+// accepted one as the host's; generic XDP only on a kernel without tcx
+// (before 6.6). On veth, tc ingress costs 25-55 ns a packet less than
+// generic XDP, which reallocates every skb for its headroom
+// (docs/BENCHMARKS.md). Call Update first.
 func (x *XDP) Attach(ifname string) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -150,13 +160,77 @@ func (x *XDP) Attach(ifname string) error {
 			return nil
 		}
 	}
+	prog, tcErr := x.tcProgram()
+	if x.noTCX {
+		tcErr = errors.New("tcx not used")
+	}
+	if tcErr == nil {
+		var l link.Link
+		if l, tcErr = link.AttachTCX(link.TCXOptions{Program: prog, Interface: ifc.Index, Attach: ebpf.AttachTCXIngress}); tcErr == nil {
+			x.link, x.mode = l, AttachTC
+			return nil
+		}
+	}
 	opts.Flags = link.XDPGenericMode
 	l, err := link.AttachXDP(opts)
 	if err != nil {
-		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
+		return fmt.Errorf("attach to %s: tc ingress: %v; generic xdp: %w", ifname, tcErr, err)
 	}
 	x.link, x.mode = l, AttachGeneric
 	return nil
+}
+
+// tcProgram returns the tc build of the program, loading it over x's maps
+// the first time. Called with x.mu held.
+func (x *XDP) tcProgram() (*ebpf.Program, error) {
+	if x.tc == nil {
+		repl := map[string]*ebpf.Map{}
+		for name, m := range mapFields(&x.objs.shoalMaps) {
+			repl[name] = *m
+		}
+		var tc shoalTcObjects
+		if err := loadShoalTcObjects(&tc, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+			return nil, fmt.Errorf("load the tc build: %w", err)
+		}
+		x.tc = &tc
+	}
+	return x.tc.ShoalTc, nil
+}
+
+// attached returns the program the link runs (the XDP one or the tc
+// build), nil if not attached. Called with x.mu held.
+func (x *XDP) attached() *ebpf.Program {
+	switch {
+	case x.link == nil:
+		return nil
+	case x.mode == AttachTC:
+		return x.tc.ShoalTc
+	}
+	return x.objs.ShoalXdp
+}
+
+// Attached says what is attached to interface ifname of the calling
+// thread's network namespace, by any process: an XDP program (native or
+// generic), a program at tcx ingress, or nothing.
+func Attached(ifname string) (AttachMode, error) {
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return AttachNone, fmt.Errorf("attached to %s: %w", ifname, err)
+	}
+	if xa := l.Attrs().Xdp; xa != nil && xa.Attached {
+		if xa.AttachMode == xdpAttachedDrv {
+			return AttachNative, nil
+		}
+		return AttachGeneric, nil
+	}
+	q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return AttachNone, fmt.Errorf("attached to %s: %w", ifname, err)
+	}
+	if len(q.Programs) > 0 {
+		return AttachTC, nil
+	}
+	return AttachNone, nil
 }
 
 // Mode returns how the program is attached, AttachNone when it is not.
@@ -195,10 +269,21 @@ func (x *XDP) Close() error {
 	}
 	x.mu.Unlock()
 	err := x.Detach()
-	if cerr := x.objs.Close(); cerr != nil && err == nil {
+	if cerr := x.closeObjs(); cerr != nil && err == nil {
 		err = fmt.Errorf("close xdp objects: %w", cerr)
 	}
 	return err
+}
+
+// closeObjs frees x's programs and tables; what a link or a pin still
+// references lives on in the kernel.
+func (x *XDP) closeObjs() error {
+	var err error
+	if x.tc != nil {
+		err = x.tc.Close()
+		x.tc = nil
+	}
+	return errors.Join(x.objs.Close(), err)
 }
 
 // Update makes t the tables packets are judged by, and ifMAC the

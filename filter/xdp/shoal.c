@@ -932,14 +932,15 @@ static __always_inline int to_me(shoal_ctx *ctx, __u8 *mac)
 // hand_over sends a SYN this node does not take, in a bucket it released,
 // back out to the bucket's new owner (its MAC as destination, this node's
 // as source), which takes it whatever its tables say (to_me): until the new
-// owner's tables take the bucket, no SYN falls between the two. Without a
-// MAC to hand to (or in the tc build) the SYN is dropped for reason.
+// owner's tables take the bucket, no SYN falls between the two. XDP sends
+// it with XDP_TX, the tc build redirects it to the interface's egress.
+// Without a MAC to hand to the SYN is dropped for reason.
 // HAND_PENDING is no MAC: such a bucket is this node's to acquire.
 static __always_inline int hand_over(shoal_ctx *ctx, __u32 version, __u32 slot, __u32 to, __u8 *mac, __u32 reason)
 {
 	struct hand_table *ht = bpf_map_lookup_elem(&hand, &version);
 	struct ethhdr *eth = (void *)(long)ctx->data;
-	if (!REWRITE || !ht || to >= HAND_KEEP || (void *)(eth + 1) > (void *)(long)ctx->data_end)
+	if (!ht || to >= HAND_KEEP || (void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return drop(slot, reason);
 	__u8 *dst = ht->mac[to];
 	if (!(dst[0] | dst[1] | dst[2] | dst[3] | dst[4] | dst[5]))
@@ -1033,7 +1034,7 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 	// copy made a request socket here just before the tables let go.
 	// Handed SYNs are counted apart, so every node still judges each
 	// client frame once.
-	if (REWRITE && f->syn && !f->first_frag && to_me(ctx, s->mac)) {
+	if (f->syn && !f->first_frag && to_me(ctx, s->mac)) {
 		if (st != ST_DRAINING || to != HAND_PENDING || lease_expired() ||
 		    holds_conn(ctx, f, (void *)(long)ctx->data, (void *)(long)ctx->data_end)) {
 			count(slot, C_HANDED_REFUSED);
@@ -1175,11 +1176,11 @@ int shoal_xdp(struct xdp_md *ctx)
 
 // shoal_tc is the same data plane for tc ingress (clsact): an accepted
 // frame keeps its destination MAC and the skb is marked as this host's
-// (bpf_skb_change_type), which a tc program can do and XDP cannot. A
-// non-linear skb is made linear first, as generic XDP does, so both judge
-// the same bytes. It is a build of its own (-DSHOAL_TC, the shoalTc
-// objects, generated for the tests only): the attach-mode benchmark
-// (BenchmarkVethAttach) loads it over the data plane's maps.
+// (bpf_skb_change_type), which a tc program can do and XDP cannot; a
+// handed-over SYN leaves by the interface it came in by. A non-linear skb
+// is made linear first, as generic XDP does, so both judge the same bytes.
+// It is a build of its own (-DSHOAL_TC, the shoalTc objects), loaded over
+// the XDP build's maps where the driver has no native XDP (veth included).
 SEC("tc")
 int shoal_tc(struct __sk_buff *skb)
 {
@@ -1190,6 +1191,8 @@ int shoal_tc(struct __sk_buff *skb)
 		return TC_ACT_SHOT_;
 	if (v == V_ACCEPT)
 		bpf_skb_change_type(skb, PACKET_HOST_);
+	if (v == V_TX)
+		return bpf_redirect(skb->ifindex, 0);
 	return TC_ACT_OK_;
 }
 #endif

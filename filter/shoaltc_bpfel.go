@@ -280,5 +280,5 @@ func _ShoalTcClose(closers ...io.Closer) error {
 
 // Do not access this directly.
 //
-//go:embed shoaltc_bpfel_test.o
+//go:embed shoaltc_bpfel.o
 var _ShoalTcBytes []byte
