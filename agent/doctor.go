@@ -73,7 +73,7 @@ type doctorEnv struct {
 	Kernel func() []Feature
 	// XDP returns the cluster interface's link type ("veth", "device"
 	// ...), its driver ("" if none) and the mode the program is attached
-	// in ("native", "generic", "" if not attached).
+	// in ("native", "tc", "generic", "" if not attached).
 	XDP func() (linkType, driver, mode string)
 	// Sysctl reads /proc/sys/<key>.
 	Sysctl func(key string) (string, error)
@@ -142,11 +142,14 @@ func checkXDP(_ context.Context, env doctorEnv) DoctorCheck {
 		c.Fix = "the agent attaches it at start and after a link change: see the agent's log (journalctl -u shoal) for the attach error"
 	case mode == "native":
 		c.Verdict, c.Detail = VerdictOK, fmt.Sprintf("native XDP on %s (driver %s)", env.Interface, drv)
-	case typ == "veth":
-		c.Verdict, c.Detail = VerdictOK, fmt.Sprintf("generic XDP on %s (veth: native XDP on veth keeps the multicast packet type after the MAC rewrite and TCP drops the packet, so the agent uses generic)", env.Interface)
-	default:
-		c.Verdict, c.Detail = VerdictWarn, fmt.Sprintf("generic XDP on %s: driver %s has no native XDP", env.Interface, drv)
+	case mode == "tc" && typ == "veth":
+		c.Verdict, c.Detail = VerdictOK, fmt.Sprintf("tc ingress (tcx) on %s (veth: native XDP on veth keeps the multicast packet type after the MAC rewrite and TCP drops the packet; tc ingress costs less than generic XDP)", env.Interface)
+	case mode == "tc":
+		c.Verdict, c.Detail = VerdictWarn, fmt.Sprintf("tc ingress (tcx) on %s: driver %s has no native XDP", env.Interface, drv)
 		c.Fix = "it works, at the cost of an skb for every packet before the verdict; a NIC whose driver supports native XDP (ixgbe, i40e, ice, mlx5, virtio_net, ...) drops unowned packets earlier"
+	default:
+		c.Verdict, c.Detail = VerdictWarn, fmt.Sprintf("generic XDP on %s (driver %s): this kernel has no tcx, the cheaper fallback", env.Interface, drv)
+		c.Fix = "it works; a kernel with tcx (6.6 or later) attaches at tc ingress instead, 25-55 ns a packet cheaper on veth, and a NIC whose driver supports native XDP (ixgbe, i40e, ice, mlx5, virtio_net, ...) drops unowned packets earlier still"
 	}
 	return c
 }

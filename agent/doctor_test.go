@@ -57,10 +57,12 @@ func TestDoctorVerdicts(t *testing.T) {
 		}, "kernel", VerdictFail, []string{"bpf_tcp_check_syncookie (not supported)"}},
 		{"no program attached", func(e *doctorEnv) { e.XDP = func() (string, string, string) { return "device", "e1000", "" } },
 			"xdp", VerdictFail, []string{"no XDP program attached to eth0", "agent's log"}},
-		{"generic on a real driver", func(e *doctorEnv) { e.XDP = func() (string, string, string) { return "device", "e1000", "generic" } },
+		{"tc on a real driver", func(e *doctorEnv) { e.XDP = func() (string, string, string) { return "device", "e1000", "tc" } },
 			"xdp", VerdictWarn, []string{"driver e1000 has no native XDP"}},
-		{"generic on veth is the choice", func(e *doctorEnv) { e.XDP = func() (string, string, string) { return "veth", "", "generic" } },
-			"xdp", VerdictOK, []string{"veth"}},
+		{"tc on veth is the choice", func(e *doctorEnv) { e.XDP = func() (string, string, string) { return "veth", "", "tc" } },
+			"xdp", VerdictOK, []string{"tc ingress", "veth"}},
+		{"generic without tcx", func(e *doctorEnv) { e.XDP = func() (string, string, string) { return "veth", "", "generic" } },
+			"xdp", VerdictWarn, []string{"no tcx", "6.6"}},
 		{"arp_ignore reset", func(e *doctorEnv) {
 			old := e.Sysctl
 			e.Sysctl = func(k string) (string, error) {
