@@ -892,12 +892,12 @@ func TestE2ERulePropagation(t *testing.T) {
 }
 
 // TestE2ETeardown: the agent's exit leaves no VIP, sysctl change,
-// multicast membership or XDP program behind.
+// multicast membership or data-plane program (XDP or tc) behind.
 func TestE2ETeardown(t *testing.T) {
 	l := upLab(t, 2)
 	h := node(t, l, "node2")
 	cmac := lab.ClusterMAC(l.VIP)
-	state := func() (vip, mcast, xdp bool, arpIgnore, arpAnnounce string) {
+	state := func() (vip, mcast, prog bool, arpIgnore, arpAnnounce string) {
 		run := func(args ...string) string {
 			out, err := exec.Command("ip", append([]string{"-n", h.Namespace}, args...)...).CombinedOutput()
 			if err != nil {
@@ -912,10 +912,16 @@ func TestE2ETeardown(t *testing.T) {
 			}
 			return strings.TrimSpace(string(out))
 		}
+		attached := func() bool {
+			var m filter.AttachMode
+			if err := agent.InNamespace(t, h.Namespace, func() (err error) { m, err = filter.Attached(lab.Interface); return err }); err != nil {
+				t.Fatal(err)
+			}
+			return m != filter.AttachNone
+		}
 		return strings.Contains(run("addr", "show", "dev", "lo"), l.VIP.String()+"/32"),
 			strings.Contains(run("maddr", "show", "dev", lab.Interface), cmac),
-			strings.Contains(run("link", "show", "dev", lab.Interface), "xdp"),
-			sysctl("arp_ignore"), sysctl("arp_announce")
+			attached(), sysctl("arp_ignore"), sysctl("arp_announce")
 	}
 	vip, mcast, xdp, ign, ann := state()
 	if !vip || !mcast || !xdp || ign != "1" || ann != "2" {

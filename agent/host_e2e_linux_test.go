@@ -20,6 +20,7 @@ import (
 
 	"github.com/shoalnet/shoal/agent"
 	"github.com/shoalnet/shoal/deploy/lab"
+	"github.com/shoalnet/shoal/filter"
 )
 
 // inClientNamespace runs f on a thread in the lab client's namespace:
@@ -160,8 +161,9 @@ func TestE2EKill9FailSafeAndCleanup(t *testing.T) {
 	if ign, ann := sysctl(n3.Namespace, "arp_ignore"), sysctl(n3.Namespace, "arp_announce"); ign != origIgnore || ann != origAnnounce {
 		t.Errorf("after kill -9, restart and SIGTERM: arp_ignore %s, arp_announce %s; want the originals %s, %s", ign, ann, origIgnore, origAnnounce)
 	}
-	if out, err := exec.Command("ip", "-n", n3.Namespace, "link", "show", "dev", lab.Interface).CombinedOutput(); err != nil || strings.Contains(string(out), "xdp") {
-		t.Errorf("after kill -9, restart and SIGTERM: xdp still attached (%v):\n%s", err, out)
+	var left filter.AttachMode
+	if err := agent.InNamespace(t, n3.Namespace, func() (err error) { left, err = filter.Attached(lab.Interface); return err }); err != nil || left != filter.AttachNone {
+		t.Errorf("after kill -9, restart and SIGTERM: a program still attached (%q, %v)", left, err)
 	}
 	if out, err := exec.Command("ip", "-n", n3.Namespace, "maddr", "show", "dev", lab.Interface).CombinedOutput(); err != nil || strings.Contains(string(out), lab.ClusterMAC(l.VIP)) {
 		t.Errorf("after kill -9, restart and SIGTERM: cluster mac %s still joined (%v):\n%s", lab.ClusterMAC(l.VIP), err, out)

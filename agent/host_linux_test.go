@@ -412,8 +412,8 @@ func TestHostLinkEventsInNamespace(t *testing.T) {
 	if out := mustIP(t, "-6", "maddr", "show", "dev", hostTestIf); !strings.Contains(out, solicitedNode(hostVIP6).String()) {
 		t.Errorf("solicited-node group not joined on the recreated interface:\n%s", out)
 	}
-	if out := mustIP(t, "link", "show", "dev", hostTestIf); !strings.Contains(out, "xdp") {
-		t.Errorf("xdp not attached to the recreated interface: %s", out)
+	if m, err := filter.Attached(hostTestIf); err != nil || m == filter.AttachNone || m != h.xdp.Mode() {
+		t.Errorf("data plane on the recreated interface: %q (%v), the host says %q", m, err, h.xdp.Mode())
 	}
 	for name, want := range map[string]string{"arp_ignore": "1", "arp_announce": "2", "drop_unicast_in_l2_multicast": "1"} {
 		if b, _ := os.ReadFile(sysctlPath(hostTestIf, name)); strings.TrimSpace(string(b)) != want {
