@@ -65,7 +65,7 @@ func (n *node) params() Params {
 }
 
 func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
-	m := map[string]uint64{"sent": st.Sent, "send_errors": st.SendErrors, "received": st.Received, "accepted": st.Accepted}
+	m := map[string]uint64{"sent": st.Sent, "send_errors": st.SendErrors, "received": st.Received, "accepted": st.Accepted, "socket_reopens": st.Reopens}
 	for r, n := range st.Rejected {
 		if n > 0 {
 			m["rejected_"+heartbeat.Reason(r).String()] = n

@@ -21,7 +21,7 @@ func TestListenGrowsReceiveBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tr.Close() })
-	rc, err := tr.conn.(*net.UDPConn).SyscallConn()
+	rc, err := tr.socket().(*net.UDPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -15,6 +17,7 @@ type Stats struct {
 	SendErrors uint64 // datagrams the socket refused
 	Received   uint64 // datagrams read
 	Accepted   uint64 // heartbeats handed on (decoded and authenticated)
+	Reopens    uint64 // sockets reopened after a read failed
 	// Rejected counts dropped heartbeats by reason: the codec's, and the
 	// machine's (stale, unknown node, self) as reported through Reject.
 	Rejected [NumReasons]uint64
@@ -23,24 +26,46 @@ type Stats struct {
 // Transport sends and receives heartbeats over UDP (any PacketConn). It is
 // fed peer addresses; it discovers nothing. Send may run concurrently with
 // Serve or Receive (one goroutine receives, by either).
+//
+// A socket whose read fails (not a deadline, not a close) is replaced by a
+// new one on the same address, when the Transport knows how to open one
+// (Listen; WithReopen), and the receive goes on: the heartbeat path heals
+// without the agent.
 type Transport struct {
-	conn      net.PacketConn
+	conn      atomic.Pointer[net.PacketConn]
 	clusterID uint32
 	keys      atomic.Pointer[Keyring]
 	rbuf      []byte // Receive's
 
-	sent, sendErrors, received, accepted atomic.Uint64
-	rejected                             [NumReasons]atomic.Uint64
+	// mu orders the socket's replacement against Close and the receive
+	// deadline, so neither is lost on the socket being replaced.
+	mu       sync.Mutex
+	closed   bool
+	deadline time.Time                      // the receive deadline last set
+	reopen   func() (net.PacketConn, error) // nil: a failed read ends Receive
+
+	sent, sendErrors, received, accepted, reopens atomic.Uint64
+	rejected                                      [NumReasons]atomic.Uint64
 }
 
-// Listen opens a UDP socket on addr ("host:port"; port 0 picks one).
+// Listen opens a UDP socket on addr ("host:port"; port 0 picks one). A
+// socket that fails is reopened on the same address and port.
 func Listen(addr string, clusterID uint32, kr *Keyring) (*Transport, error) {
+	conn, err := listenUDP(addr)
+	if err != nil {
+		return nil, err
+	}
+	bound := conn.LocalAddr().String()
+	return New(conn, clusterID, kr).WithReopen(func() (net.PacketConn, error) { return listenUDP(bound) }), nil
+}
+
+func listenUDP(addr string) (net.PacketConn, error) {
 	conn, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for heartbeats on %s: %w", addr, err)
 	}
 	growBuffers(conn)
-	return New(conn, clusterID, kr), nil
+	return conn, nil
 }
 
 // socketBuffer is the heartbeat socket's receive buffer: about 2,000
@@ -49,10 +74,21 @@ const socketBuffer = 4 << 20
 
 // New wraps an open PacketConn.
 func New(conn net.PacketConn, clusterID uint32, kr *Keyring) *Transport {
-	t := &Transport{conn: conn, clusterID: clusterID}
+	t := &Transport{clusterID: clusterID}
+	t.conn.Store(&conn)
 	t.keys.Store(kr)
 	return t
 }
+
+// WithReopen makes open the way t replaces a socket whose read fails (it
+// is called after the old one is closed) and returns t. Call it before
+// the first Receive.
+func (t *Transport) WithReopen(open func() (net.PacketConn, error)) *Transport {
+	t.reopen = open
+	return t
+}
+
+func (t *Transport) socket() net.PacketConn { return *t.conn.Load() }
 
 // SetKeyring makes kr the keys heartbeats are signed (with its primary) and
 // accepted with, from the next one on. Safe while Send and Serve run.
@@ -62,10 +98,15 @@ func (t *Transport) SetKeyring(kr *Keyring) { t.keys.Store(kr) }
 func (t *Transport) Keyring() *Keyring { return t.keys.Load() }
 
 // LocalAddr is the address heartbeats are received on.
-func (t *Transport) LocalAddr() net.Addr { return t.conn.LocalAddr() }
+func (t *Transport) LocalAddr() net.Addr { return t.socket().LocalAddr() }
 
 // Close closes the socket; Serve returns.
-func (t *Transport) Close() error { return t.conn.Close() }
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	return t.socket().Close()
+}
 
 // Send encodes msg once and sends it to every address.
 func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
@@ -75,7 +116,7 @@ func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
 	}
 	var errs []error
 	for _, ap := range to {
-		if _, err := t.conn.WriteTo(b, net.UDPAddrFromAddrPort(ap)); err != nil {
+		if _, err := t.socket().WriteTo(b, net.UDPAddrFromAddrPort(ap)); err != nil {
 			t.sendErrors.Add(1)
 			errs = append(errs, fmt.Errorf("send heartbeat to %s: %w", ap, err))
 			continue
@@ -116,9 +157,16 @@ func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
 		t.rbuf = make([]byte, MaxMessageSize+1) // one more, to see oversized datagrams
 	}
 	for {
-		n, addr, err := t.conn.ReadFrom(t.rbuf)
+		conn := t.socket()
+		n, addr, err := conn.ReadFrom(t.rbuf)
 		if err != nil {
-			return nil, netip.AddrPort{}, fmt.Errorf("read heartbeat: %w", err)
+			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
+				return nil, netip.AddrPort{}, fmt.Errorf("read heartbeat: %w", err)
+			}
+			if rerr := t.replace(conn); rerr != nil {
+				return nil, netip.AddrPort{}, fmt.Errorf("read heartbeat: %w (and %w)", err, rerr)
+			}
+			continue
 		}
 		t.received.Add(1)
 		msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
@@ -135,14 +183,45 @@ func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
 	}
 }
 
+// replace closes conn, the socket whose read failed, and opens its
+// successor with the receive deadline in force; an error when t cannot
+// reopen, or is closed.
+func (t *Transport) replace(conn net.PacketConn) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return net.ErrClosed
+	}
+	if t.reopen == nil {
+		return errors.New("no way to reopen the socket")
+	}
+	conn.Close()
+	next, err := t.reopen()
+	if err != nil {
+		return fmt.Errorf("reopen: %w", err)
+	}
+	if err := next.SetReadDeadline(t.deadline); err != nil {
+		next.Close()
+		return fmt.Errorf("reopen: %w", err)
+	}
+	t.conn.Store(&next)
+	t.reopens.Add(1)
+	return nil
+}
+
 // SetReceiveDeadline sets when a Receive waiting for a heartbeat gives up;
 // the zero time: never.
-func (t *Transport) SetReceiveDeadline(d time.Time) error { return t.conn.SetReadDeadline(d) }
+func (t *Transport) SetReceiveDeadline(d time.Time) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.deadline = d
+	return t.socket().SetReadDeadline(d)
+}
 
 // Interrupt ends a Receive waiting now, or the next one, until the next
 // SetReceiveDeadline: it returns os.ErrDeadlineExceeded. Safe from any
 // goroutine: whoever hands the receiving goroutine work calls it after.
-func (t *Transport) Interrupt() { t.conn.SetReadDeadline(longAgo) }
+func (t *Transport) Interrupt() { t.SetReceiveDeadline(longAgo) }
 
 // longAgo is a deadline that has passed.
 var longAgo = time.Unix(1, 0)
@@ -156,7 +235,7 @@ func (t *Transport) Reject(r Reason) {
 
 // Stats returns the counters.
 func (t *Transport) Stats() Stats {
-	s := Stats{Sent: t.sent.Load(), SendErrors: t.sendErrors.Load(), Received: t.received.Load(), Accepted: t.accepted.Load()}
+	s := Stats{Sent: t.sent.Load(), SendErrors: t.sendErrors.Load(), Received: t.received.Load(), Accepted: t.accepted.Load(), Reopens: t.reopens.Load()}
 	for r := range s.Rejected {
 		s.Rejected[r] = t.rejected[r].Load()
 	}

@@ -2,9 +2,13 @@ package heartbeat
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -168,4 +172,98 @@ func TestTransportCountsRejects(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// failOnce is a socket whose next read fails as a broken socket's would
+// (not a deadline, not a close).
+type failOnce struct {
+	net.PacketConn
+	armed atomic.Bool
+}
+
+func (f *failOnce) ReadFrom(b []byte) (int, net.Addr, error) {
+	if f.armed.CompareAndSwap(true, false) {
+		return 0, nil, &net.OpError{Op: "read", Net: "udp", Err: syscall.ENETDOWN}
+	}
+	return f.PacketConn.ReadFrom(b)
+}
+
+// TestTransportReopensAFailedSocket: a read that fails replaces the socket
+// with a new one on the same address, with the receive deadline in force,
+// and the heartbeats sent there after are received; without a way to
+// reopen, or once closed, the failure ends Receive.
+func TestTransportReopensAFailedSocket(t *testing.T) {
+	open := func(addr string) (*failOnce, string) {
+		c, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return &failOnce{PacketConn: c}, c.LocalAddr().String()
+	}
+	send := func(to string, seq uint64) {
+		b, err := Encode(&Message{ClusterID: 7, Node: 2, Incarnation: 1, Seq: seq}, simRing)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.Dial("udp", to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	first, addr := open("127.0.0.1:0")
+	var reopened []string
+	tr := New(first, 7, simRing).WithReopen(func() (net.PacketConn, error) {
+		c, a := open(addr) // fails if the old socket still holds the port
+		reopened = append(reopened, a)
+		return c, nil
+	})
+	first.armed.Store(true)
+	// The deadline set before the failure holds on the new socket: with no
+	// heartbeat sent, Receive gives up instead of waiting for ever.
+	if err := tr.SetReceiveDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { _, _, err := tr.Receive(); got <- err }()
+	select {
+	case err := <-got:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("receive after a failed read, no traffic: %v, want the deadline", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("receive after a failed read ignored the deadline set before it")
+	}
+	if len(reopened) != 1 || reopened[0] != addr || tr.Stats().Reopens != 1 {
+		t.Fatalf("reopened on %v (%d counted), want once on %s", reopened, tr.Stats().Reopens, addr)
+	}
+	if err := tr.SetReceiveDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	send(addr, 9)
+	msg, _, err := tr.Receive()
+	if err != nil || msg.Seq != 9 {
+		t.Fatalf("heartbeat on the reopened socket: %+v, %v", msg, err)
+	}
+
+	// No way to reopen: the failure is Receive's error.
+	lone, _ := open("127.0.0.1:0")
+	tr2 := New(lone, 7, simRing)
+	lone.armed.Store(true)
+	if _, _, err := tr2.Receive(); err == nil || !errors.Is(err, syscall.ENETDOWN) {
+		t.Fatalf("receive with no reopen: %v, want the read's error", err)
+	}
+
+	// Closed: no reopen, net.ErrClosed.
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tr.Receive(); !errors.Is(err, net.ErrClosed) || len(reopened) != 1 {
+		t.Fatalf("receive after close: %v (reopened %d times), want net.ErrClosed and no reopen", err, len(reopened))
+	}
 }
