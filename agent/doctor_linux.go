@@ -386,11 +386,19 @@ func kernelFeatures(attached bool) []Feature {
 	} {
 		fs = append(fs, Feature{Name: h.name, Err: features.HaveProgramHelper(ebpf.XDP, h.fn)})
 	}
+	// The tc build, attached at tc ingress where native XDP is not used.
+	fs = append(fs, Feature{Name: "tc programs", Err: features.HaveProgramType(ebpf.SchedCLS)})
+	for _, h := range []struct {
+		name string
+		fn   asm.BuiltinFunc
+	}{{"bpf_skb_change_type", asm.FnSkbChangeType}, {"bpf_redirect", asm.FnRedirect}} {
+		fs = append(fs, Feature{Name: h.name + " (tc)", Err: features.HaveProgramHelper(ebpf.SchedCLS, h.fn)})
+	}
 	fs = append(fs, Feature{Name: "LRU hash maps", Err: features.HaveMapType(ebpf.LRUHash)},
 		Feature{Name: "per-CPU arrays", Err: features.HaveMapType(ebpf.PerCPUArray)})
-	link := Feature{Name: "bpf_link for XDP"}
+	link := Feature{Name: "bpf_link for the data plane (XDP or tcx)"}
 	if !attached {
-		link.Err = errors.New("the agent holds no XDP link")
+		link.Err = errors.New("the agent holds no data-plane link")
 	}
 	return append(fs, link)
 }
