@@ -30,7 +30,9 @@ type Stats struct {
 // A socket whose read fails (not a deadline, not a close) is replaced by a
 // new one on the same address, when the Transport knows how to open one
 // (Listen; WithReopen), and the receive goes on: the heartbeat path heals
-// without the agent.
+// without the agent. A replacement that fails too within reopenPause ends
+// Receive with the error instead of spinning on a socket that keeps
+// failing: the agent's supervisor takes it from there.
 type Transport struct {
 	conn      atomic.Pointer[net.PacketConn]
 	clusterID uint32
@@ -43,6 +45,7 @@ type Transport struct {
 	closed   bool
 	deadline time.Time                      // the receive deadline last set
 	reopen   func() (net.PacketConn, error) // nil: a failed read ends Receive
+	reopened time.Time                      // when the socket was last replaced
 
 	sent, sendErrors, received, accepted, reopens atomic.Uint64
 	rejected                                      [NumReasons]atomic.Uint64
@@ -183,17 +186,23 @@ func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
 	}
 }
 
+// reopenPause: a socket replaced this recently that fails again is not
+// replaced again.
+const reopenPause = time.Second
+
 // replace closes conn, the socket whose read failed, and opens its
 // successor with the receive deadline in force; an error when t cannot
-// reopen, or is closed.
+// reopen, is closed, or replaced the socket less than reopenPause ago.
 func (t *Transport) replace(conn net.PacketConn) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	switch {
+	case t.closed:
 		return net.ErrClosed
-	}
-	if t.reopen == nil {
+	case t.reopen == nil:
 		return errors.New("no way to reopen the socket")
+	case time.Since(t.reopened) < reopenPause:
+		return fmt.Errorf("the socket reopened %v ago failed too", time.Since(t.reopened).Round(time.Millisecond))
 	}
 	conn.Close()
 	next, err := t.reopen()
@@ -205,6 +214,7 @@ func (t *Transport) replace(conn net.PacketConn) error {
 		return fmt.Errorf("reopen: %w", err)
 	}
 	t.conn.Store(&next)
+	t.reopened = time.Now()
 	t.reopens.Add(1)
 	return nil
 }

@@ -191,7 +191,8 @@ func (f *failOnce) ReadFrom(b []byte) (int, net.Addr, error) {
 // TestTransportReopensAFailedSocket: a read that fails replaces the socket
 // with a new one on the same address, with the receive deadline in force,
 // and the heartbeats sent there after are received; without a way to
-// reopen, or once closed, the failure ends Receive.
+// reopen, once closed, or when the new socket fails too within
+// reopenPause, the failure ends Receive.
 func TestTransportReopensAFailedSocket(t *testing.T) {
 	open := func(addr string) (*failOnce, string) {
 		c, err := net.ListenPacket("udp", addr)
@@ -218,9 +219,11 @@ func TestTransportReopensAFailedSocket(t *testing.T) {
 
 	first, addr := open("127.0.0.1:0")
 	var reopened []string
+	var last *failOnce
 	tr := New(first, 7, simRing).WithReopen(func() (net.PacketConn, error) {
 		c, a := open(addr) // fails if the old socket still holds the port
 		reopened = append(reopened, a)
+		last = c
 		return c, nil
 	})
 	first.armed.Store(true)
@@ -249,6 +252,13 @@ func TestTransportReopensAFailedSocket(t *testing.T) {
 	msg, _, err := tr.Receive()
 	if err != nil || msg.Seq != 9 {
 		t.Fatalf("heartbeat on the reopened socket: %+v, %v", msg, err)
+	}
+
+	// The new socket fails too, well within reopenPause of its opening:
+	// Receive ends with the error rather than reopening in a loop.
+	last.armed.Store(true)
+	if _, _, err := tr.Receive(); !errors.Is(err, syscall.ENETDOWN) || len(reopened) != 1 || tr.Stats().Reopens != 1 {
+		t.Fatalf("second failure within %v: %v, reopened %d times (%d counted); want the read's error and no second reopen", reopenPause, err, len(reopened), tr.Stats().Reopens)
 	}
 
 	// No way to reopen: the failure is Receive's error.
