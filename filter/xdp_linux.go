@@ -160,24 +160,31 @@ func (x *XDP) Attach(ifname string) error {
 			return nil
 		}
 	}
-	prog, tcErr := x.tcProgram()
-	if x.noTCX {
-		tcErr = errors.New("tcx not used")
-	}
+	l, tcErr := x.attachTC(ifc.Index)
 	if tcErr == nil {
-		var l link.Link
-		if l, tcErr = link.AttachTCX(link.TCXOptions{Program: prog, Interface: ifc.Index, Attach: ebpf.AttachTCXIngress}); tcErr == nil {
-			x.link, x.mode = l, AttachTC
-			return nil
-		}
+		x.link, x.mode = l, AttachTC
+		return nil
 	}
 	opts.Flags = link.XDPGenericMode
-	l, err := link.AttachXDP(opts)
+	l, err = link.AttachXDP(opts)
 	if err != nil {
 		return fmt.Errorf("attach to %s: tc ingress: %v; generic xdp: %w", ifname, tcErr, err)
 	}
 	x.link, x.mode = l, AttachGeneric
 	return nil
+}
+
+// attachTC attaches the tc build at tcx ingress of interface ifindex.
+// Called with x.mu held.
+func (x *XDP) attachTC(ifindex int) (link.Link, error) {
+	if x.noTCX {
+		return nil, errors.New("tcx not used")
+	}
+	prog, err := x.tcProgram()
+	if err != nil {
+		return nil, err
+	}
+	return link.AttachTCX(link.TCXOptions{Program: prog, Interface: ifindex, Attach: ebpf.AttachTCXIngress})
 }
 
 // tcProgram returns the tc build of the program, loading it over x's maps

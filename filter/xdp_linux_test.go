@@ -220,38 +220,31 @@ func TestDifferential(t *testing.T) {
 				verdicts6[res.Verdict]++
 				reasons6[res.Reason]++
 			}
-			opts := ebpf.RunOptions{Data: frame, DataOut: out}
-			act, err := x.Program().Run(&opts)
-			if err != nil {
-				t.Fatalf("prog.Run: %v", err)
-			}
-			if act != res.Verdict.XDPAction() || !bytes.Equal(opts.DataOut, refFrame) {
-				failures++
-				t.Errorf("set %d frame %d: xdp action %d, reference %+v (want action %d); output equal: %v\nframe %s",
-					set, i, act, res, res.Verdict.XDPAction(), bytes.Equal(opts.DataOut, refFrame), hex.EncodeToString(frame))
-				if failures > 10 {
-					t.FailNow()
+			// check runs the frame through one build and compares its
+			// action and output frame with the reference's.
+			check := func(build string, prog *ebpf.Program, wantAct uint32, wantFrame []byte) {
+				opts := ebpf.RunOptions{Data: frame, DataOut: out}
+				act, err := prog.Run(&opts)
+				if err != nil {
+					t.Fatalf("%s prog.Run, frame %d of %d bytes: %v", build, i, len(frame), err)
+				}
+				if act != wantAct || !bytes.Equal(opts.DataOut, wantFrame) {
+					failures++
+					t.Errorf("set %d frame %d: %s action %d, reference %+v (want action %d); output equal: %v\nframe %s",
+						set, i, build, act, res, wantAct, bytes.Equal(opts.DataOut, wantFrame), hex.EncodeToString(frame))
+					if failures > 10 {
+						t.FailNow()
+					}
 				}
 			}
+			check("xdp", x.Program(), res.Verdict.XDPAction(), refFrame)
 			if judged == 2 {
 				// The tc build: an accepted frame keeps its MAC.
 				wantFrame := refFrame
 				if res.Verdict == Accept {
 					wantFrame = frame
 				}
-				opts := ebpf.RunOptions{Data: frame, DataOut: out}
-				act, err := tc.Run(&opts)
-				if err != nil {
-					t.Fatalf("tc prog.Run, frame %d of %d bytes (%x): %v", i, len(frame), frame[:14], err)
-				}
-				if act != res.Verdict.tcAction() || !bytes.Equal(opts.DataOut, wantFrame) {
-					failures++
-					t.Errorf("set %d frame %d: tc action %d, reference %+v (want action %d); output equal: %v\nframe %s",
-						set, i, act, res, res.Verdict.tcAction(), bytes.Equal(opts.DataOut, wantFrame), hex.EncodeToString(frame))
-					if failures > 10 {
-						t.FailNow()
-					}
-				}
+				check("tc", tc, res.Verdict.tcAction(), wantFrame)
 			}
 		}
 		after, err := x.Counters()
