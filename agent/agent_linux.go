@@ -12,6 +12,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/announce"
+	"github.com/shoalnet/shoal/agent/config"
+	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/doctor"
+	"github.com/shoalnet/shoal/agent/health"
+	"github.com/shoalnet/shoal/agent/host"
+	"github.com/shoalnet/shoal/agent/metrics"
+	"github.com/shoalnet/shoal/agent/statuspage"
+	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -20,16 +29,16 @@ import (
 // Agent is one running node: the host around a node (membership, data
 // plane, tracking), the control and peer APIs, metrics and the status page.
 type Agent struct {
-	cfg   *Config
+	cfg   *config.Config
 	key   []byte
 	log   *slog.Logger
 	store *rules.Store
-	cmd   *commander
-	host  *host
-	hc    *healthChecker
-	sec   *security     // TLS identity, refusal counts, plug restore
-	hist  *viewHistory  // view changes and failovers, for the status page
-	self  filter.NodeID // set once registered, before anything reads it
+	cmd   *control.Commander
+	host  *host.Host
+	hc    *health.Checker
+	sec   *security           // TLS identity, refusal counts, plug restore
+	hist  *statuspage.History // view changes and failovers, for the status page
+	self  filter.NodeID       // set once registered, before anything reads it
 	node  *node
 	// running is the node once it runs: probes of this node are answered
 	// alive from then on, unless its plug is pulled.
@@ -40,15 +49,15 @@ type Agent struct {
 	// stopped for a restart (teardown then leaves the host as it is).
 	restartArm restartArm
 	restarting bool
-	probe      *frameProbe // the doctor's probe frames; set before running
+	probe      *doctor.FrameProbe // the doctor's probe frames; set before running
 	// flowOwners caches assignments for `shoal query --flow`.
-	flowOwners ownersCache
+	flowOwners control.OwnersCache
 }
 
 // Run runs the agent until ctx ends, then removes everything it set up.
-func Run(ctx context.Context, cfg *Config) (err error) {
+func Run(ctx context.Context, cfg *config.Config) (err error) {
 	log := slog.Default().With("node", cfg.NodeName)
-	key, err := ReadKey(cfg.KeyFile)
+	key, err := config.ReadKey(cfg.KeyFile)
 	if err != nil {
 		return err
 	}
@@ -85,7 +94,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		return err
 	}
 	cleanup(a.store.Close)
-	a.cmd = &commander{store: a.store, self: func() filter.NodeID { return a.self }}
+	a.cmd = control.NewCommander(a.store, func() filter.NodeID { return a.self })
 
 	stopPeer, err := a.servePeerAPI()
 	if err != nil {
@@ -100,22 +109,25 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		return err
 	}
 	a.reportCommandLevel(ctx)
-	a.hist = newViewHistory(a.self)
+	a.hist = statuspage.NewHistory(a.self)
 	if err := a.ensureVIPs(ctx); err != nil {
 		return err
 	}
 
 	// The host: VIPs, sysctls, ARP and cluster MAC membership, XDP; it
 	// follows the replicated VIPs and the link from here on.
-	h, err := setupHost(hostConfig{Interface: cfg.Interface, DataDir: cfg.DataDir, VIPs: a.store.State().VIPs, MACMode: a.store.State().Settings.MACMode, Log: log})
+	h, err := host.Setup(host.Config{Interface: cfg.Interface, DataDir: cfg.DataDir, VIPs: a.store.State().VIPs, MACMode: a.store.State().Settings.MACMode, Log: log,
+		Announcer: func(ifindex int, mac func() net.HardwareAddr) (host.Announcer, error) {
+			return announce.ListenL2(announce.L2Config{Interface: cfg.Interface, Index: ifindex, MAC: mac, Log: log})
+		}})
 	if err != nil {
 		return err
 	}
 	cleanup(func() error {
 		if a.restarting {
-			return h.leave()
+			return h.Leave()
 		}
-		return h.teardown()
+		return h.Teardown()
 	})
 	a.host = h
 	xdp, dp, inherit, err := a.startFromRestart(h)
@@ -129,7 +141,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		}
 		return xdp.Close()
 	})
-	if err := h.attachXDP(xdp); err != nil {
+	if err := h.AttachXDP(xdp); err != nil {
 		return fmt.Errorf("attach xdp to %s: %w", cfg.Interface, err)
 	}
 	// Membership, data plane, tracking. The host's services outlive ctx
@@ -144,29 +156,34 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("heartbeat socket: %w", err)
 	}
-	a.hc = newHealthChecker(cfg.Health)
+	a.hc = health.NewChecker(cfg.Health)
 	if inherit != nil && inherit.healthy {
-		a.hc.assumeHealthy()
+		a.hc.AssumeHealthy()
 	}
+	eligible := false // as the host was last told, from OnPush's goroutine
 	a.node, err = newNode(nodeConfig{
 		Inherit: inherit,
 		Self:    a.self, Log: log, Link: link, Rules: a.store,
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
-		Dataplane:   dp, MAC: h.MAC, Scan: scanConns, Health: a.healthy, RenewLease: xdp.RenewLease,
-		Neighbors: func() map[netip.Addr]net.HardwareAddr { return neighborMACs(cfg.Interface, log) },
+		Dataplane:   dp, MAC: h.MAC, Scan: track.Scan, Health: a.healthy, RenewLease: xdp.RenewLease,
+		Neighbors: func() map[netip.Addr]net.HardwareAddr { return host.NeighborMACs(cfg.Interface, log) },
 		OnRules: func(st *rules.State) {
-			h.setVIPs(st.VIPs, st.Settings.MACMode)
+			h.SetVIPs(st.VIPs, st.Settings.MACMode)
 			self, peers := a.heartbeatAllow(st)
 			if err := xdp.SetHeartbeatPeers(self, peers); err != nil {
 				log.Warn("xdp heartbeat filter; heartbeats from anyone reach the socket", "err", err)
 			}
 		},
 		OnPush: func(s *memberSnap) {
-			if vc, ok := a.hist.observe(time.Now(), viewState{s.hb.View, s.hb.Converged, s.hb.Peers}, nodeNamer(s.rs)); ok {
+			if el := s.hb.View.Has(uint32(a.self)); el != eligible {
+				eligible = el
+				h.SetEligible(el)
+			}
+			if vc, ok := a.hist.Observe(time.Now(), statuspage.ViewState{View: s.hb.View, Converged: s.hb.Converged, Peers: s.hb.Peers}, nodeNamer(s.rs)); ok {
 				log.Info("view changed", "cause", vc.Cause, "from", vc.From, "to", vc.To, "rules_index", vc.RulesIndex)
 			}
 		},
-		Announce: h.announce,
+		Announce: h.Announce,
 		Probe:    peerAPICheck(newProbeClient(a.sec.certs)),
 		Finish: func(ctx context.Context) error {
 			_, err := a.store.Apply(ctx, &rules.SetAdminState{Node: a.self, State: rules.AdminStopped})
@@ -178,34 +195,34 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		return err
 	}
 	a.link = link
-	h.start(life, a.node.poke)
-	cleanup(h.stop)
-	a.probe = newFrameProbe(cfg.Interface, a.store.State().Settings.ClusterID, h.MAC)
+	h.Start(life, a.node.poke)
+	cleanup(h.Stop)
+	a.probe = doctor.NewFrameProbe(cfg.Interface, a.store.State().Settings.ClusterID, h.MAC)
 	probeCtx, endProbe := context.WithCancel(life)
 	probeDone := make(chan struct{})
 	go func() {
 		defer close(probeDone)
-		a.probe.run(probeCtx)
+		a.probe.Run(probeCtx)
 	}()
 	cleanup(func() error { endProbe(); <-probeDone; return nil })
 	a.reloadOnSIGHUP(ctx)
-	go a.hc.run(life, func(ok bool) {
+	go a.hc.Run(life, func(ok bool) {
 		log.Warn("health changed", "healthy", ok)
 		a.node.poke()
 	})
 
-	ctlLn, err := listenUnix(cfg.Socket)
+	ctlLn, err := control.ListenUnix(cfg.Socket)
 	if err != nil {
 		return err
 	}
-	ctlSrv := &http.Server{Handler: a.once(controlHandler(a)), ReadHeaderTimeout: 5 * time.Second}
+	ctlSrv := &http.Server{Handler: a.once(control.Handler(a)), ReadHeaderTimeout: 5 * time.Second}
 	go ctlSrv.Serve(ctlLn)
 	cleanup(func() error { ctlSrv.Close(); os.Remove(cfg.Socket); return nil })
 
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", metricsHandler(a, securityCollector{a.sec.refusals, a.store}))
-		mux.Handle("/", statusPageHandler(a, peerSamplerFor(rules.NewPeerClient(a.sec.certs))))
+		mux.Handle("/metrics", metrics.Handler(a, metrics.SecurityCollector{Refusals: a.sec.refusals, Rules: a.store}))
+		mux.Handle("/", statuspage.Handler(a, statuspage.PeerSamplerFor(rules.NewPeerClient(a.sec.certs))))
 		stopMetrics, err := a.serveMetrics(cfg.MetricsAddr, mux)
 		if err != nil {
 			return err
@@ -213,7 +230,7 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 		cleanup(stopMetrics)
 	}
 
-	h.announce()
+	h.Announce()
 	log.Info("agent running", "id", a.self, "interface", cfg.Interface, "xdp", xdp.Mode(), "vips", cfg.VIPs)
 	return a.runNode(ctx)
 }
@@ -222,8 +239,8 @@ func Run(ctx context.Context, cfg *Config) (err error) {
 // host's side of the data plane (program attached, ARP answering, tables
 // rewriting to the interface's MAC).
 func (a *Agent) healthy() bool {
-	ok, _ := a.host.hostHealthy()
-	return ok && a.hc.healthy.Load()
+	ok, _ := a.host.Healthy()
+	return ok && a.hc.Healthy()
 }
 
 // handoffTimeout bounds how long a graceful stop waits for the peers to

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/internal/mailbox"
+	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -36,11 +38,11 @@ type reconciler struct {
 	log      *slog.Logger
 	dp       dataplane
 	mac      func() net.HardwareAddr // the interface's MAC, which accepted frames get
-	trk      *tracker
+	trk      *track.Tracker
 	wake     chan struct{}
-	in       *mailbox[*memberSnap] // from membership
-	out      *mailbox[pushReport]  // to membership
-	announce func()                // gratuitous ARP after a view change
+	in       *mailbox.Box[*memberSnap] // from membership
+	out      *mailbox.Box[pushReport]  // to membership
+	announce func()                    // gratuitous ARP after a view change
 	onPush   func(s *memberSnap)
 	finish   func(ctx context.Context) error
 	now      func() time.Time
@@ -54,7 +56,7 @@ type reconciler struct {
 
 	// Owned by the goroutine.
 	snap        *memberSnap
-	held        held
+	held        track.Held
 	heldFresh   bool // held changed since the last push
 	scannedView heartbeat.View
 	polling     bool
@@ -111,8 +113,8 @@ const (
 	stopRetry      = 10 * time.Second // a drained node asks again to be stopped
 )
 
-func newReconciler(self filter.NodeID, log *slog.Logger, dp dataplane, mac func() net.HardwareAddr, trk *tracker,
-	in *mailbox[*memberSnap], out *mailbox[pushReport]) *reconciler {
+func newReconciler(self filter.NodeID, log *slog.Logger, dp dataplane, mac func() net.HardwareAddr, trk *track.Tracker,
+	in *mailbox.Box[*memberSnap], out *mailbox.Box[pushReport]) *reconciler {
 	r := &reconciler{self: self, log: log, dp: dp, mac: mac, trk: trk, in: in, out: out, wake: make(chan struct{}, 1),
 		announce: func() {}, onPush: func(*memberSnap) {}, finish: func(context.Context) error { return nil }, now: time.Now, healthy: true}
 	r.pub.Store(&dataSnap{healthy: true})
@@ -128,13 +130,13 @@ func (r *reconciler) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.in.ready:
-			r.snap = r.in.take()
-		case <-r.trk.out.ready:
+		case <-r.in.Ready:
+			r.snap = r.in.Take()
+		case <-r.trk.Out.Ready:
 			// Only a scan begun after the latest tables that released
 			// buckets went in has seen every handshake they let begin.
-			if h := r.trk.out.take(); h.err == nil && r.snap != nil && h.cfg == r.snap.fcfg && h.epoch == r.epoch {
-				r.heldFresh = !h.set.Equal(r.held.set) || h.conns != r.held.conns
+			if h := r.trk.Out.Take(); h.Err == nil && r.snap != nil && h.Cfg == r.snap.fcfg && h.Epoch == r.epoch {
+				r.heldFresh = !h.Set.Equal(r.held.Set) || h.Conns != r.held.Conns
 				r.held = h
 				r.publish()
 			}
@@ -170,7 +172,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		accept = filter.Grant{Buckets: union(accept.Buckets, keep), Maps: accept.Maps}
 	}
 	prevEnded := r.last.tables != nil && r.last.tables.Prev != nil && r.prev == nil
-	if viewChanged := !s.hb.View.Equal(r.scannedView) || r.held.cfg != s.fcfg; viewChanged || len(r.kept) > 0 || prevEnded {
+	if viewChanged := !s.hb.View.Equal(r.scannedView) || r.held.Cfg != s.fcfg; viewChanged || len(r.kept) > 0 || prevEnded {
 		r.scannedView = s.hb.View
 		// The view releases buckets (or changed the rules, or these are
 		// the first tables). Until they are in, this node still answers
@@ -185,10 +187,10 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		// (A view that kept buckets for their new owners releases them
 		// later, once those advertise it.)
 		// (So do tables that let the previous rules' SYNs go.)
-		if r.last.tables == nil || s.hb.Inheriting || r.held.cfg != s.fcfg || releases(r.last.tables, accept.Buckets) || prevEnded {
+		if r.last.tables == nil || s.hb.Inheriting || r.held.Cfg != s.fcfg || releases(r.last.tables, accept.Buckets) || prevEnded {
 			r.epoch++
-			r.held = held{set: mayHold(s.fcfg, r.last.tables, r.held, s.hb.Inheriting), conns: r.held.conns,
-				cfg: s.fcfg, epoch: r.epoch, guess: true}
+			r.held = track.Held{Set: mayHold(s.fcfg, r.last.tables, r.held, s.hb.Inheriting), Conns: r.held.Conns,
+				Cfg: s.fcfg, Epoch: r.epoch, Guess: true}
 			r.rescan = true
 		}
 	}
@@ -200,7 +202,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		// peers' connections dirty.
 		accept, dirty = accept.Intersect(everything(s.fcfg)), union(dirty, s.inheritedDirty)
 	}
-	hold := r.held.set
+	hold := r.held.Set
 	var remapped map[filter.RuleID]bool
 	if r.prev != nil {
 		// Every bucket of a remapped rule may hold a connection whose SYN
@@ -250,11 +252,11 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	r.pushedMAC = string(mac)
 	if poll := p.draining.Count() > 0; poll != r.polling || r.rescan {
 		r.polling, r.rescan = poll, false
-		r.trk.request(s.fcfg, poll, r.epoch)
+		r.trk.Request(s.fcfg, poll, r.epoch)
 	}
 	r.kept = keep
-	r.out.put(pushReport{snap: s, ok: true, healthy: r.healthy,
-		draining: toHeartbeat(p.draining), conns: r.held.conns, keeping: len(keep) > 0 || r.remapKeep})
+	r.out.Put(pushReport{snap: s, ok: true, healthy: r.healthy,
+		draining: toHeartbeat(p.draining), conns: r.held.Conns, keeping: len(keep) > 0 || r.remapKeep})
 	r.publish()
 	r.onPush(s)
 	// The view change itself is logged by onPush, with its cause.
@@ -281,7 +283,7 @@ func (r *reconciler) refused(now time.Time, s *memberSnap, err error) {
 	} else {
 		r.suppressed++
 	}
-	r.out.put(pushReport{snap: s, ok: false, healthy: false})
+	r.out.Put(pushReport{snap: s, ok: false, healthy: false})
 	r.publish()
 }
 
@@ -631,8 +633,8 @@ func peerMAC(rs *rules.State, id filter.NodeID, macs map[netip.Addr]net.Hardware
 }
 
 func (r *reconciler) publish() {
-	r.pub.Store(&dataSnap{tables: r.last.tables, tablesIndex: r.tablesIndex, conns: r.held.conns,
-		counted: !r.held.guess, healthy: r.healthy, lastErr: r.lastErr})
+	r.pub.Store(&dataSnap{tables: r.last.tables, tablesIndex: r.tablesIndex, conns: r.held.Conns,
+		counted: !r.held.Guess, healthy: r.healthy, lastErr: r.lastErr})
 }
 
 // finishDrain stops a draining node once it holds no connections: a scan
@@ -648,7 +650,7 @@ func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSn
 	}
 	// Not while hand-overs run either: a stopped node hands nothing over,
 	// and its peers may still be pushing the tables that acquire.
-	if !s.hb.Converged || len(r.released) > 0 || r.prev != nil || r.held.guess || r.held.conns > 0 || r.held.cfg != s.fcfg ||
+	if !s.hb.Converged || len(r.released) > 0 || r.prev != nil || r.held.Guess || r.held.Conns > 0 || r.held.Cfg != s.fcfg ||
 		(!r.stopAsked.IsZero() && now.Sub(r.stopAsked) < stopRetry) {
 		return
 	}
@@ -687,11 +689,11 @@ func (r *reconciler) kernel() kernelState {
 // that release buckets go in, until a scan made after them says: those
 // the last result held and every one the last tables did not leave to
 // others; under other rules, at start and when inheriting, any bucket.
-func mayHold(cfg *filter.Config, last *filter.Tables, h held, inheriting bool) filter.Set {
-	if last == nil || inheriting || h.cfg != cfg || last.Config != cfg {
+func mayHold(cfg *filter.Config, last *filter.Tables, h track.Held, inheriting bool) filter.Set {
+	if last == nil || inheriting || h.Cfg != cfg || last.Config != cfg {
 		return everything(cfg).Buckets
 	}
-	out := union(h.set, nil)
+	out := union(h.Set, nil)
 	for id, st := range last.States {
 		if st == nil {
 			continue

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/deploy/lab"
 	"github.com/shoalnet/shoal/deploy/lab/load"
 )
@@ -265,7 +265,7 @@ func runLeave(t *testing.T, l *lab.Lab) {
 		}
 		mustShoal(t, l, "node3", "leave")
 		poll(t, 15*time.Second, "node3 out of the registry", func() error {
-			var q agent.Query
+			var q control.Query
 			if err := client(t, l, "node1").Do(context.Background(), "GET", "/v1/query", nil, &q); err != nil {
 				return err
 			}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/deploy/lab"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
@@ -23,10 +23,10 @@ import (
 var faultFor = flag.Duration("faultfor", 4*time.Second, "how long TestE2EOneWayLink keeps each one-way fault (the issue's figure is 15s)")
 
 // statuses reads every node's status.
-func statuses(l *lab.Lab) (map[string]*agent.Status, error) {
-	out := map[string]*agent.Status{}
+func statuses(l *lab.Lab) (map[string]*control.Status, error) {
+	out := map[string]*control.Status{}
 	for _, n := range l.Nodes {
-		st, err := agent.NewClient(n.Socket).Status(context.Background())
+		st, err := control.NewClient(n.Socket).Status(context.Background())
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", n.Name, err)
 		}
@@ -38,7 +38,7 @@ func statuses(l *lab.Lab) (map[string]*agent.Status, error) {
 // heartbeatsSent returns how many heartbeat datagrams a node has sent.
 func heartbeatsSent(t *testing.T, l *lab.Lab, name string) uint64 {
 	t.Helper()
-	var p agent.Params
+	var p control.Params
 	if err := client(t, l, name).Do(context.Background(), "GET", "/v1/params", nil, &p); err != nil {
 		t.Fatal(err)
 	}

@@ -26,10 +26,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/deploy/lab"
 	"github.com/shoalnet/shoal/deploy/lab/load"
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/internal/netnstest"
 )
 
 var shoalBin string
@@ -181,8 +182,8 @@ func node(t *testing.T, l *lab.Lab, name string) lab.Host {
 	return h
 }
 
-func client(t *testing.T, l *lab.Lab, name string) *agent.Client {
-	return agent.NewClient(node(t, l, name).Socket)
+func client(t *testing.T, l *lab.Lab, name string) *control.Client {
+	return control.NewClient(node(t, l, name).Socket)
 }
 
 // shoal runs the CLI against a node and returns its output and exit code.
@@ -239,7 +240,7 @@ func covered(l *lab.Lab, names ...string) error {
 	var eligible int
 	for _, name := range names {
 		h, _ := l.HostByName(name)
-		st, err := agent.NewClient(h.Socket).Status(context.Background())
+		st, err := control.NewClient(h.Socket).Status(context.Background())
 		if err != nil {
 			return err
 		}
@@ -336,7 +337,7 @@ type packetCounts struct{ accepted, dropped, out, in, refused uint64 }
 
 func handCounts(t *testing.T, l *lab.Lab, name string) packetCounts {
 	t.Helper()
-	var p agent.Params
+	var p control.Params
 	if err := client(t, l, name).Do(context.Background(), "GET", "/v1/params", nil, &p); err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +455,7 @@ func testBalanceAndPacketAccounting(t *testing.T, family lab.Family) {
 	for port := 21000; port < 21010; port++ {
 		flow := netip.AddrPortFrom(clientAddr(l), uint16(port)).String()
 		out := mustShoal(t, l, "node2", "simulate", "--json", flow, netip.AddrPortFrom(l.VIP, 80).String())
-		var sim agent.Simulation
+		var sim control.Simulation
 		if err := json.Unmarshal([]byte(out), &sim); err != nil {
 			t.Fatalf("simulate --json: %v: %s", err, out)
 		}
@@ -860,7 +861,7 @@ func TestE2ERulePropagation(t *testing.T) {
 		// Through the control API, as `shoal rules add` does, so that the
 		// CLI's process start is not counted.
 		start := time.Now()
-		req := agent.RuleRequest{VIP: l.VIP.String(), Ports: fmt.Sprint(8000 + i), Proto: "tcp"}
+		req := control.RuleRequest{VIP: l.VIP.String(), Ports: fmt.Sprint(8000 + i), Proto: "tcp"}
 		if err := node2.Do(context.Background(), "POST", "/v1/rules", req, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -871,7 +872,7 @@ func TestE2ERulePropagation(t *testing.T) {
 		idx := st.RulesIndex
 		poll(t, 5*time.Second, "every data plane has the rule", func() error {
 			for _, n := range l.Nodes {
-				st, err := agent.NewClient(n.Socket).Status(context.Background())
+				st, err := control.NewClient(n.Socket).Status(context.Background())
 				if err != nil {
 					return err
 				}
@@ -914,7 +915,7 @@ func TestE2ETeardown(t *testing.T) {
 		}
 		attached := func() bool {
 			var m filter.AttachMode
-			if err := agent.InNamespace(t, h.Namespace, func() (err error) { m, err = filter.Attached(lab.Interface); return err }); err != nil {
+			if err := netnstest.Do(t, h.Namespace, func() (err error) { m, err = filter.Attached(lab.Interface); return err }); err != nil {
 				t.Fatal(err)
 			}
 			return m != filter.AttachNone

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/deploy/lab"
 )
 
@@ -28,13 +28,13 @@ func TestE2EQueryFlow(t *testing.T) {
 		}
 		return p
 	}
-	ask := func(node string, port int, peers bool) agent.Flow {
+	ask := func(node string, port int, peers bool) control.Flow {
 		t.Helper()
 		q := url.Values{"client": {fmt.Sprintf("%s:%d", l.Client.Addr, port)}, "to": {l.VIP.String() + ":80/tcp"}}
 		if !peers {
 			q.Set("peers", "0")
 		}
-		var f agent.Flow
+		var f control.Flow
 		if err := client(t, l, node).Do(context.Background(), "GET", "/v1/flow?"+q.Encode(), nil, &f); err != nil {
 			t.Fatalf("flow from port %d: %v", port, err)
 		}

@@ -5,13 +5,15 @@ import (
 	"net/http"
 	"net/netip"
 
+	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/rules"
 )
 
 // flow explains a flow from this node's rules and view; with peers, every
 // live node adds its own state for the flow's bucket.
-func (a *Agent) flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (Flow, error) {
+func (a *Agent) Flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (control.Flow, error) {
 	ms := a.node.mem.snap.Load()
 	fcfg, rs := ms.fcfg, ms.rs
 	view, converged := nodeIDs(ms.hb.View.Eligible), ms.hb.Converged
@@ -21,26 +23,26 @@ func (a *Agent) flow(ctx context.Context, client, to netip.AddrPort, proto filte
 		}
 		return ""
 	}
-	f, err := explainFlow(fcfg, a.flowOwners.owners(fcfg), view, name, client, to, proto)
+	f, err := control.ExplainFlow(fcfg, a.flowOwners.Owners(fcfg), view, name, client, to, proto)
 	if err != nil {
 		return f, err
 	}
 	f.Converged = converged
 	here := a.flowHere(client, to, proto)
 	if !peers {
-		f.Nodes = []FlowNode{here}
+		f.Nodes = []control.FlowNode{here}
 		return f, nil
 	}
-	askFlowNodes(ctx, &f, a.query(), here, flowPeerFor(rules.NewPeerClient(a.sec.certs)), flowQuery(client, to, proto))
+	control.AskFlowNodes(ctx, &f, a.Query(), here, control.FlowPeerFor(rules.NewPeerClient(a.sec.certs)), control.FlowQuery(client, to, proto))
 	return f, nil
 }
 
 // flowHere is this node's own state for a flow: its bucket's state in the
 // tables the data plane has, and, from a socket scan made for the question,
 // whether the node holds connections in that bucket and this very one.
-func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) FlowNode {
+func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) control.FlowNode {
 	ms, ds := a.node.mem.snap.Load(), a.node.rec.pub.Load()
-	fn := FlowNode{Name: a.cfg.NodeName}
+	fn := control.FlowNode{Name: a.cfg.NodeName}
 	id, bucket, ok := ms.fcfg.Locate(to.Addr(), proto, client.Addr(), client.Port(), to.Port())
 	if ok {
 		fn.State = filter.NotOwned.String()
@@ -56,7 +58,7 @@ func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) FlowN
 	if proto != filter.ProtoTCP {
 		return fn
 	}
-	conns, err := scanConns(vips)
+	conns, err := track.Scan(vips)
 	if err != nil {
 		fn.Error = "socket scan: " + err.Error()
 		return fn
@@ -75,11 +77,11 @@ func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) FlowN
 // flowPeerHandler answers another node's flow question with this node's state.
 func (a *Agent) flowPeerHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		client, to, proto, err := parseFlowQuery(r.URL.Query())
+		client, to, proto, err := control.ParseFlowQuery(r.URL.Query())
 		if err != nil {
-			writeError(w, err)
+			control.WriteError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, a.flowHere(client, to, proto))
+		control.WriteJSON(w, http.StatusOK, a.flowHere(client, to, proto))
 	})
 }

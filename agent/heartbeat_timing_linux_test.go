@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/shoalnet/shoal/agent/metrics"
 	"github.com/shoalnet/shoal/rules"
 
 	"golang.org/x/sys/unix"
@@ -51,7 +52,7 @@ func TestHeartbeatsKeepTimeUnderSlowWork(t *testing.T) {
 		}
 	})
 	// Scrapes, 20 at a time, a round every period.
-	h := metricsHandler(n1.n)
+	h := metrics.Handler(n1.n)
 	scrapes := atomic.Int64{}
 	wg.Go(func() {
 		for ctx.Err() == nil {

@@ -18,16 +18,16 @@ import (
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 
-	"github.com/shoalnet/shoal/agent"
 	"github.com/shoalnet/shoal/deploy/lab"
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/internal/netnstest"
 )
 
 // inClientNamespace runs f on a thread in the lab client's namespace:
 // sockets f opens stay there.
 func inClientNamespace(t *testing.T, l *lab.Lab, f func() error) error {
 	t.Helper()
-	return agent.InNamespace(t, l.Client.Namespace, f)
+	return netnstest.Do(t, l.Client.Namespace, f)
 }
 
 // pingAndProbe sends n ICMP echo requests and n UDP datagrams from the
@@ -120,7 +120,7 @@ func TestE2EKill9FailSafeAndCleanup(t *testing.T) {
 	// counted there alone: the UDP counters also count the survivors'
 	// heartbeats to the dead agent's port.
 	var sink net.PacketConn
-	if err := agent.InNamespace(t, n3.Namespace, func() (err error) {
+	if err := netnstest.Do(t, n3.Namespace, func() (err error) {
 		sink, err = net.ListenPacket("udp4", ":9")
 		return err
 	}); err != nil {
@@ -162,7 +162,7 @@ func TestE2EKill9FailSafeAndCleanup(t *testing.T) {
 		t.Errorf("after kill -9, restart and SIGTERM: arp_ignore %s, arp_announce %s; want the originals %s, %s", ign, ann, origIgnore, origAnnounce)
 	}
 	var left filter.AttachMode
-	if err := agent.InNamespace(t, n3.Namespace, func() (err error) { left, err = filter.Attached(lab.Interface); return err }); err != nil || left != filter.AttachNone {
+	if err := netnstest.Do(t, n3.Namespace, func() (err error) { left, err = filter.Attached(lab.Interface); return err }); err != nil || left != filter.AttachNone {
 		t.Errorf("after kill -9, restart and SIGTERM: a program still attached (%q, %v)", left, err)
 	}
 	if out, err := exec.Command("ip", "-n", n3.Namespace, "maddr", "show", "dev", lab.Interface).CombinedOutput(); err != nil || strings.Contains(string(out), lab.ClusterMAC(l.VIP)) {

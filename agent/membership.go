@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/internal/mailbox"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -44,11 +45,11 @@ type membership struct {
 	renew       func(d time.Duration) error
 	now         func() time.Time
 
-	in      receiver             // heartbeats; nil until run (tests of the core)
-	reports *mailbox[pushReport] // from the data plane
-	ctl     chan func()          // requests from APIs, run on this goroutine
-	wake    chan struct{}        // health changed
-	stopped chan struct{}        // closed when run returns
+	in      receiver                 // heartbeats; nil until run (tests of the core)
+	reports *mailbox.Box[pushReport] // from the data plane
+	ctl     chan func()              // requests from APIs, run on this goroutine
+	wake    chan struct{}            // health changed
+	stopped chan struct{}            // closed when run returns
 
 	// Owned by the goroutine (or by the caller before run starts).
 	machine      *heartbeat.Machine[*lazySet]
@@ -73,9 +74,9 @@ type membership struct {
 	gen          uint64           // of the last published memberSnap
 	published    uint64           // machine version last published
 	snap         atomic.Pointer[memberSnap]
-	toDP         *mailbox[*memberSnap] // to the data plane
-	probes       *prober               // probes suspects; nil: none (tests)
-	timing       heartbeat.Config      // the machine's timing last seen (logged when it changes)
+	toDP         *mailbox.Box[*memberSnap] // to the data plane
+	probes       *prober                   // probes suspects; nil: none (tests)
+	timing       heartbeat.Config          // the machine's timing last seen (logged when it changes)
 }
 
 // hbLink is what membership needs of the heartbeat transport.
@@ -132,10 +133,10 @@ func newMembership(self filter.NodeID, incarnation func() (uint64, error), log *
 	m := &membership{
 		self: self, incarnation: incarnation, log: log, link: link, rules: rs, health: health, now: time.Now,
 		onRules: func(*rules.State) {}, renew: func(time.Duration) error { return nil },
-		reports: newMailbox[pushReport](), ctl: make(chan func(), 16), wake: make(chan struct{}, 1), stopped: make(chan struct{}),
-		cfgs: map[uint64]*filter.Config{}, assigner: &sharedAssigner{}, dpHealthy: true, toDP: newMailbox[*memberSnap](),
+		reports: mailbox.New[pushReport](), ctl: make(chan func(), 16), wake: make(chan struct{}, 1), stopped: make(chan struct{}),
+		cfgs: map[uint64]*filter.Config{}, assigner: &sharedAssigner{}, dpHealthy: true, toDP: mailbox.New[*memberSnap](),
 	}
-	m.reports.notify = m.interrupt
+	m.reports.Notify = m.interrupt
 	return m
 }
 
@@ -313,8 +314,8 @@ func (m *membership) run(ctx context.Context) error {
 			return nil
 		case <-rulesNote:
 			m.applyRules(m.now(), m.rules.State())
-		case <-m.reports.ready:
-			m.takeReport(m.reports.take())
+		case <-m.reports.Ready:
+			m.takeReport(m.reports.Take())
 		case f := <-m.ctl:
 			f()
 		case r := <-probed:
@@ -518,7 +519,7 @@ func (m *membership) publish() {
 		panic(fmt.Sprintf("agent: view of rules index %d published with rules %d", s.hb.View.RulesIndex, m.rs.Index))
 	}
 	m.snap.Store(s)
-	m.toDP.put(s)
+	m.toDP.Put(s)
 	if m.log.Enabled(context.Background(), slog.LevelDebug) {
 		m.logStep(old, s)
 	}
@@ -643,36 +644,6 @@ func (m *membership) poke() {
 	default:
 	}
 	m.interrupt()
-}
-
-// mailbox passes the latest value of something from one goroutine to
-// another: put never blocks and replaces what was not taken yet.
-type mailbox[T any] struct {
-	ready  chan struct{}
-	v      atomic.Pointer[T]
-	notify func() // called after every put, if set before the first
-}
-
-func newMailbox[T any]() *mailbox[T] { return &mailbox[T]{ready: make(chan struct{}, 1)} }
-
-func (b *mailbox[T]) put(v T) {
-	b.v.Store(&v)
-	select {
-	case b.ready <- struct{}{}:
-	default:
-	}
-	if b.notify != nil {
-		b.notify()
-	}
-}
-
-// take returns the latest value put; call it after a receive from ready.
-func (b *mailbox[T]) take() T {
-	if p := b.v.Load(); p != nil {
-		return *p
-	}
-	var zero T
-	return zero
 }
 
 func nodeIDs(ids []uint32) []filter.NodeID {

@@ -136,13 +136,13 @@ func TestRulesAndViewApplyInOrder(t *testing.T) {
 				for i, m := range ms {
 					s := m.snap.Load()
 					acc[i] = s.hb.Accept.get().Buckets
-					if gained := minus(acc[i], prev[i]); gained.Count() > 0 {
+					if gained := acc[i].Minus(prev[i]); gained.Count() > 0 {
 						acquired++
 						if !s.hb.Converged {
 							t.Fatalf("tick %d: node %d took %d buckets in view %v without converging on it",
 								tick, i+1, gained.Count(), s.hb.View)
 						}
-						if own := filter.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible)).Owned(m.self); minus(acc[i], own).Count() > 0 {
+						if own := filter.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible)).Owned(m.self); acc[i].Minus(own).Count() > 0 {
 							t.Fatalf("tick %d: node %d accepts buckets its view's rules (index %d) do not give it", tick, i+1, s.rs.Index)
 						}
 					}
@@ -184,10 +184,10 @@ func TestOwnedUsesTheViewsRules(t *testing.T) {
 		t.Fatalf("owned(view of rules %d) = %d buckets, want %d", r1.Index, got.Count(), want.Count())
 	}
 	m.applyRules(now, r2)
-	if more := minus(under(r2), under(r1)); more.Count() == 0 {
+	if more := under(r2).Minus(under(r1)); more.Count() == 0 {
 		t.Fatal("the new rules give node 1 nothing more: the test proves nothing")
 	}
-	if extra := minus(m.owned(old).get().Buckets, under(r1)); extra.Count() > 0 {
+	if extra := m.owned(old).get().Buckets.Minus(under(r1)); extra.Count() > 0 {
 		t.Errorf("after the rules change, owned(view of rules %d) holds %d buckets only the new rules give", r1.Index, extra.Count())
 	}
 	if m.machine.View().RulesIndex != r2.Index {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -26,7 +27,7 @@ type node struct {
 	dp   dataplane
 	mem  *membership
 	rec  *reconciler
-	trk  *tracker
+	trk  *track.Tracker
 }
 
 // nodeConfig is what a node is made of.
@@ -38,7 +39,7 @@ type nodeConfig struct {
 	Rules       rulesSource
 	Dataplane   dataplane
 	MAC         func() net.HardwareAddr // the interface's MAC, which accepted frames get
-	Scan        func(vips []netip.Addr) ([]conn, error)
+	Scan        func(vips []netip.Addr) ([]track.Conn, error)
 	Health      func() bool           // the node's health; nil is always healthy
 	OnRules     func(st *rules.State) // told of every rules state applied; must not block
 	OnPush      func(s *memberSnap)   // told of every snapshot whose tables went in
@@ -79,7 +80,7 @@ func newNode(c nodeConfig) (*node, error) {
 	if err := mem.start(mem.now()); err != nil {
 		return nil, err
 	}
-	trk := newTracker(c.Scan, c.Log)
+	trk := track.New(c.Scan, c.Log)
 	rec := newReconciler(c.Self, c.Log, c.Dataplane, c.MAC, trk, mem.toDP, mem.reports)
 	if c.Finish != nil {
 		rec.finish = c.Finish
@@ -101,7 +102,7 @@ func (n *node) run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	memErr := make(chan error, 1)
-	wg.Go(func() { n.trk.run(ctx) })
+	wg.Go(func() { n.trk.Run(ctx) })
 	wg.Go(func() { n.rec.run(ctx) })
 	wg.Go(func() { memErr <- n.mem.run(ctx) })
 	var err error

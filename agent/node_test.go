@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -181,7 +182,7 @@ func (c *testCluster) start(i int) *testNode {
 			}
 			return out
 		},
-		Scan: func([]netip.Addr) ([]conn, error) {
+		Scan: func([]netip.Addr) ([]track.Conn, error) {
 			tn.scans.Add(1)
 			if f := tn.onScan.Load(); f != nil {
 				(*f)()
@@ -282,7 +283,7 @@ func TestFailedPushLeavesTheEligibleSet(t *testing.T) {
 		}
 		return c.checkOwners() && !accepting(n3.dp.kernel.Load())
 	})
-	st := n3.n.status()
+	st := n3.n.Status()
 	if st.DataplaneHealthy || st.UpdateFailures == 0 || st.DataplaneError == "" {
 		t.Errorf("node 3 status: dataplane healthy %v, %d failures, error %q; want unhealthy, failures counted, the error",
 			st.DataplaneHealthy, st.UpdateFailures, st.DataplaneError)

@@ -7,15 +7,16 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/shoalnet/shoal/agent/config"
 	"github.com/shoalnet/shoal/heartbeat"
 )
 
 // readKeys reads the primary key (key_file) and the keys also accepted
 // (accept_key_files), the primary first.
-func readKeys(cfg *Config) ([][]byte, error) {
+func readKeys(cfg *config.Config) ([][]byte, error) {
 	keys := make([][]byte, 0, 1+len(cfg.AcceptKeyFiles))
 	for _, f := range append([]string{cfg.KeyFile}, cfg.AcceptKeyFiles...) {
-		k, err := ReadKey(f)
+		k, err := config.ReadKey(f)
 		if err != nil {
 			return nil, err
 		}

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/config"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -17,12 +19,12 @@ type security struct {
 	keys     [][]byte // the cluster keys at start, the primary first
 	certs    *rules.Certs
 	refusals *rules.Refusals
-	restorer plugRestorer
+	restorer control.PlugRestorer
 }
 
 // tlsOptions is how the config says to get certificates: files of an
 // operator CA, or a CA derived from the cluster key.
-func tlsOptions(cfg *Config, key []byte) rules.TLSOptions {
+func tlsOptions(cfg *config.Config, key []byte) rules.TLSOptions {
 	o := rules.TLSOptions{Name: cfg.NodeName, Keys: [][]byte{key},
 		CAFile: cfg.TLS.CAFile, CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile}
 	for _, hp := range []string{cfg.PeerAddr, cfg.RaftAddr, cfg.HeartbeatAddr} {
@@ -33,7 +35,7 @@ func tlsOptions(cfg *Config, key []byte) rules.TLSOptions {
 	return o
 }
 
-func newSecurity(cfg *Config, key []byte, a *Agent) (*security, error) {
+func newSecurity(cfg *config.Config, key []byte, a *Agent) (*security, error) {
 	keys, err := readKeys(cfg)
 	if err != nil {
 		return nil, err
@@ -84,10 +86,10 @@ func (a *Agent) peerHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(rules.PeerPathPrefix, a.store.PeerHandler())
 	if a.cfg.Drills {
-		mux.Handle("POST /v1/peer/plug", a.store.Authorize(rules.AnyCertified, handle(a.plug)))
+		mux.Handle("POST /v1/peer/plug", a.store.Authorize(rules.AnyCertified, control.Handle(a.Plug)))
 	} else {
 		mux.HandleFunc("POST /v1/peer/plug", func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusForbidden, APIError{Error: "drills are disabled on this node; set drills: true in its config to allow them"})
+			control.WriteJSON(w, http.StatusForbidden, control.APIError{Error: "drills are disabled on this node; set drills: true in its config to allow them"})
 		})
 	}
 	a.doctorPeerHandlers(mux)
@@ -95,9 +97,9 @@ func (a *Agent) peerHandler() http.Handler {
 	mux.Handle("GET /v1/peer/flow", a.store.Authorize(rules.MembersOnly, a.once(a.flowPeerHandler())))
 	mux.Handle("GET "+pathAlive, a.store.Authorize(rules.MembersOnly, aliveHandler(a.outOfMembership)))
 	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, a.once(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.status())
+		control.WriteJSON(w, http.StatusOK, a.Status())
 	}))))
-	return recoverer(mux)
+	return control.Recoverer(mux)
 }
 
 // once serves reads (GET) only once the node runs: until then its
@@ -109,7 +111,7 @@ func (a *Agent) once(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if n := a.running.Load(); r.Method == http.MethodGet && (n == nil || n.mem.snap.Load() == nil) {
 			w.Header().Set("Retry-After", "1")
-			writeJSON(w, http.StatusServiceUnavailable, APIError{Error: "the agent is starting; ask again in a moment"})
+			control.WriteJSON(w, http.StatusServiceUnavailable, control.APIError{Error: "the agent is starting; ask again in a moment"})
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -118,10 +120,10 @@ func (a *Agent) once(next http.Handler) http.Handler {
 
 // plug pulls or restores the virtual plug. A pull restores itself after
 // r.RestoreAfter, at most MaxPlugPull (also its default).
-func (a *Agent) plug(ctx context.Context, r PlugRequest) error {
-	a.sec.restorer.arm(r, func(after time.Duration) {
+func (a *Agent) Plug(ctx context.Context, r control.PlugRequest) error {
+	a.sec.restorer.Arm(r, func(after time.Duration) {
 		a.log.Warn("virtual plug restores itself", "after", after)
-		if err := a.setPlug(context.Background(), PlugRequest{Pulled: false}); err != nil {
+		if err := a.setPlug(context.Background(), control.PlugRequest{Pulled: false}); err != nil {
 			a.log.Error("restore the virtual plug", "err", err)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -32,7 +33,7 @@ const pathAlive = "/v1/peer/alive"
 func aliveHandler(off func() bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if off() {
-			writeJSON(w, http.StatusServiceUnavailable, APIError{Error: "not in membership: virtual plug pulled or not started"})
+			control.WriteJSON(w, http.StatusServiceUnavailable, control.APIError{Error: "not in membership: virtual plug pulled or not started"})
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")

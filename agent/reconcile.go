@@ -26,7 +26,7 @@ func planTables(cfg *filter.Config, self filter.NodeID, admin rules.AdminState, 
 	case admin == rules.AdminStopped || admin == rules.AdminSuspended:
 		// Stop cuts the node's connections at once, as NLB's stop does.
 	default:
-		draining = minus(held, accept)
+		draining = held.Minus(accept)
 	}
 	return plan{
 		tables:   filter.NewTables(cfg, self, accept, peersDraining, draining),

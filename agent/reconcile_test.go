@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -120,25 +121,25 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 	ms, inbox := p.ms, &p.inbox
 	// Node 1's data plane, with a tracker that counts its scans.
 	var scans int
-	trk := newTracker(func([]netip.Addr) ([]conn, error) { scans++; return nil, nil }, log)
+	trk := track.New(func([]netip.Addr) ([]track.Conn, error) { scans++; return nil, nil }, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go trk.run(ctx)
+	go trk.Run(ctx)
 	dp := &fakeDP{}
 	rec := newReconciler(1, log, dp, func() net.HardwareAddr { return net.HardwareAddr{2, 0, 0, 0, 0, 1} }, trk, ms[0].toDP, ms[0].reports)
 	rec.now = clock
 	push := func() pushReport {
 		t.Helper()
-		rec.snap = ms[0].toDP.take()
+		rec.snap = ms[0].toDP.Take()
 		epoch := rec.epoch
 		rec.reconcile(ctx, now)
-		rep := ms[0].reports.take()
+		rep := ms[0].reports.Take()
 		if rec.epoch != epoch {
 			// Tables that release buckets ask for a scan once they are
 			// in; take its result, as the reconciler's goroutine would.
 			select {
-			case <-trk.out.ready:
-				rec.held = trk.out.take()
+			case <-trk.Out.Ready:
+				rec.held = trk.Out.Take()
 			case <-time.After(10 * time.Second):
 				t.Fatal("no scan after tables that release buckets")
 			}

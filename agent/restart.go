@@ -1,10 +1,11 @@
 package agent
 
 import (
-	"fmt"
 	"sync"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/host"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 )
@@ -22,31 +23,9 @@ import (
 // Restart windows: what `shoal restart` asks for by default, and how long
 // an armed restart waits for the stop it applies to.
 const (
-	DefaultRestartWindow = heartbeat.MaxRestartWindow
-	restartArmFor        = time.Minute
-	restartAckTimeout    = time.Second // the stopping node waits this long for every peer to hear its window
+	restartArmFor     = time.Minute
+	restartAckTimeout = time.Second // the stopping node waits this long for every peer to hear its window
 )
-
-// restartRecord is what an agent stopping for a restart leaves the next
-// one, in the host record.
-type restartRecord struct {
-	BootID string `json:"boot_id"` // the kernel's: pins and leases do not outlive a reboot
-	PinDir string `json:"pin_dir"`
-	// Pinned is the loader's state of the pinned data plane.
-	Pinned *filter.Pinned `json:"pinned"`
-	// LeaseEnd is when the data plane's lease ends: the peers' restart
-	// windows end a period later.
-	LeaseEnd time.Time `json:"lease_end"`
-	// Accept is the accepting set in the tables, with the mappings it was
-	// granted under; PeersDraining the buckets they mark dirty (other
-	// nodes' connections); Draining this node's own held buckets.
-	Accept        filter.Grant `json:"accept"`
-	PeersDraining filter.Set   `json:"peers_draining,omitempty"`
-	Draining      filter.Set   `json:"draining,omitempty"`
-	// Healthy: the node's health as the stopping agent last saw it; the
-	// next agent starts from it rather than from sick.
-	Healthy bool `json:"healthy"`
-}
 
 // kernelState is what the tables in the kernel were computed from.
 type kernelState struct {
@@ -68,7 +47,7 @@ type inheritance struct {
 // inheritFrom returns the inheritance a restart record gives under the
 // current rules: only the buckets of rules whose mapping is unchanged (or
 // only narrower) mean the same flows; until is when the lease ends.
-func inheritFrom(rr *restartRecord, cfg *filter.Config, until time.Time) *inheritance {
+func inheritFrom(rr *host.RestartRecord, cfg *filter.Config, until time.Time) *inheritance {
 	return &inheritance{accept: rr.Accept.Intersect(everything(cfg)), peersDraining: rr.PeersDraining, until: until, healthy: rr.Healthy}
 }
 
@@ -108,17 +87,17 @@ type restartArm struct {
 
 // arm makes the next stop before now+restartArmFor a restart with window
 // (0: the default; at most heartbeat.MaxRestartWindow).
-func (r *restartArm) arm(now time.Time, window time.Duration) (RestartArmed, error) {
+func (r *restartArm) arm(now time.Time, window time.Duration) (control.RestartArmed, error) {
 	if window == 0 {
-		window = DefaultRestartWindow
+		window = control.DefaultRestartWindow
 	}
 	if window < time.Second || window > heartbeat.MaxRestartWindow {
-		return RestartArmed{}, badRequest("restart window %v: want 1s to %v", window, heartbeat.MaxRestartWindow)
+		return control.RestartArmed{}, control.BadRequest("restart window %v: want 1s to %v", window, heartbeat.MaxRestartWindow)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.until, r.window = now.Add(restartArmFor), window
-	return RestartArmed{Window: window, Until: r.until}, nil
+	return control.RestartArmed{Window: window, Until: r.until}, nil
 }
 
 // take reports the window of an armed restart still valid at now, and
@@ -129,8 +108,4 @@ func (r *restartArm) take(now time.Time) (time.Duration, bool) {
 	ok := !r.until.IsZero() && now.Before(r.until)
 	r.until = time.Time{}
 	return r.window, ok
-}
-
-func (r restartRecord) String() string {
-	return fmt.Sprintf("pinned in %s, lease until %s, %d buckets", r.PinDir, r.LeaseEnd.Format(time.RFC3339Nano), r.Accept.Buckets.Count())
 }

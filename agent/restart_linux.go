@@ -7,21 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/host"
 	"github.com/shoalnet/shoal/filter"
 )
 
 // restart arms a hitless restart (control API): the next stop keeps the
 // data plane and announces a restart window.
-func (a *Agent) restart(_ context.Context, req RestartRequest) (RestartArmed, error) {
+func (a *Agent) Restart(_ context.Context, req control.RestartRequest) (control.RestartArmed, error) {
 	armed, err := a.restartArm.arm(time.Now(), req.Window)
 	if err != nil {
 		return armed, err
@@ -44,15 +40,6 @@ func (a *Agent) pinDir() string {
 	}
 	sum := sha256.Sum256([]byte(dir))
 	return filepath.Join("/sys/fs/bpf/shoal", hex.EncodeToString(sum[:8]))
-}
-
-// bootID names the running kernel.
-func bootID() string {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
 }
 
 // stopForRestart stops the node for a restart (see restart.go): pin, announce
@@ -78,10 +65,10 @@ func (a *Agent) stopForRestart(window time.Duration, stopNode func() error) (boo
 	}
 	err := stopNode()
 	st := a.node.rec.kernel()
-	rr := &restartRecord{BootID: bootID(), PinDir: dir, Pinned: a.xdp.Pinned(),
+	rr := &host.RestartRecord{BootID: host.BootID(), PinDir: dir, Pinned: a.xdp.Pinned(),
 		LeaseEnd: start.Add(window - a.node.mem.machinePeriod()),
 		Accept:   st.accept, PeersDraining: st.peersDraining, Draining: st.draining, Healthy: st.healthy}
-	if rerr := a.host.rec.setRestart(rr); rerr != nil {
+	if rerr := a.host.SetRestart(rr); rerr != nil {
 		// Without the record the next agent cannot adopt: detach as usual
 		// (the peers take over when the window ends).
 		a.log.Error("restart: cannot record the restart; removing the data plane", "err", rerr)
@@ -92,114 +79,12 @@ func (a *Agent) stopForRestart(window time.Duration, stopNode func() error) (boo
 	return true, err
 }
 
-// takeRestart returns the restart a previous agent recorded, if it is one
-// of this boot, and forgets it: the pins are adopted (or removed) once, and
-// a crash after this start is repaired as any crash.
-func (h *host) takeRestart() *restartRecord {
-	rr := h.rec.Restart
-	if rr == nil {
-		return nil
-	}
-	if err := h.rec.setRestart(nil); err != nil {
-		h.log.Warn("forget the restart record", "err", err)
-	}
-	if rr.BootID != bootID() || rr.Pinned == nil {
-		h.log.Warn("restart record of another boot (or without pins): starting afresh", "record", rr.String())
-		return nil
-	}
-	return rr
-}
-
-// leave is teardown for a restart: the host's goroutine stops and the ARP
-// and NDP sockets close, but the cluster MACs and the MACs of the IPv6
-// VIPs' solicited-node groups stay on the interface's multicast list
-// (recorded first), so solicitations still reach the node in between;
-// the VIPs on lo and the sysctls stay as they are, recorded for the next
-// agent.
-func (h *host) leave() error {
-	var errs []error
-	if err := h.stop(); err != nil { // nothing changes the memberships from here on
-		errs = append(errs, err)
-	}
-	var macs []string
-	if h.arp != nil {
-		macs = slices.Clone(h.arp.joined)
-	}
-	if h.ndp != nil {
-		macs = append(macs, h.ndp.groupMACs()...)
-	}
-	if len(macs) > 0 {
-		if err := h.rec.setMACs(macs); err != nil {
-			errs = append(errs, err)
-		} else {
-			for _, m := range macs {
-				if err := multicastMember(h.ifname, m, true); err != nil {
-					errs = append(errs, fmt.Errorf("keep cluster mac %s on %s: %w", m, h.ifname, err))
-				}
-			}
-		}
-	}
-	return errors.Join(append(errs, h.closeSockets())...)
-}
-
-// dropRestartMACs removes the cluster MACs a previous agent kept on the
-// multicast list for a restart (or left after a crash during one), once
-// this agent's ARP socket holds its own memberships.
-func (h *host) dropRestartMACs() error {
-	if len(h.rec.MACs) == 0 {
-		return nil
-	}
-	var errs []error
-	for _, m := range h.rec.MACs {
-		if err := multicastMember(h.ifname, m, false); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
-			errs = append(errs, fmt.Errorf("remove cluster mac %s from %s: %w", m, h.ifname, err))
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	return h.rec.setMACs(nil)
-}
-
-// multicastMember adds (or removes) mac on ifname's multicast list as
-// `ip maddr add` does (SIOCADDMULTI): a membership of the device, not of a
-// socket, so it outlives the process.
-func multicastMember(ifname, mac string, add bool) error {
-	hw, err := net.ParseMAC(mac)
-	if err != nil || len(hw) != 6 {
-		return fmt.Errorf("bad mac %q", mac)
-	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	var ifr struct {
-		Name [unix.IFNAMSIZ]byte
-		Addr unix.RawSockaddr
-		_    [8]byte // struct ifreq's union is 24 bytes
-	}
-	copy(ifr.Name[:], ifname)
-	ifr.Addr.Family = unix.AF_UNSPEC
-	for i, b := range hw {
-		ifr.Addr.Data[i] = int8(b)
-	}
-	req := uintptr(unix.SIOCDELMULTI)
-	if add {
-		req = unix.SIOCADDMULTI
-	}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return errno
-	}
-	return nil
-}
-
 // startFromRestart makes the data plane ready at start: it adopts what a
 // previous agent pinned for a restart, or loads a fresh one; it returns
 // what the first membership machine inherits (nil: nothing) and pushes
 // first tables unless adopted ones are kept.
-func (a *Agent) startFromRestart(h *host) (*filter.XDP, dataplane, *inheritance, error) {
-	rr := h.takeRestart()
+func (a *Agent) startFromRestart(h *host.Host) (*filter.XDP, dataplane, *inheritance, error) {
+	rr := h.TakeRestart()
 	var pinned *filter.Pinned
 	if rr != nil {
 		pinned = rr.Pinned
@@ -208,14 +93,14 @@ func (a *Agent) startFromRestart(h *host) (*filter.XDP, dataplane, *inheritance,
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("load xdp: %w", err)
 	}
-	dp := h.trackMAC(xdp)
+	dp := macTracker{xdp, h}
 	fcfg := a.store.State().FilterConfig()
 	var in *inheritance
 	switch {
 	case rr != nil && ad.Tables && ad.Lease > 0:
 		// The tables stay as they are: the first push is membership's,
 		// from the inherited set.
-		h.adoptMAC(ad.MAC)
+		h.Pushed(ad.MAC)
 		in = inheritFrom(rr, fcfg, time.Now().Add(ad.Lease))
 		a.log.Info("adopted the pinned data plane", "lease_left", ad.Lease.Round(time.Millisecond), "accepting", in.accept.Buckets.Count())
 		return xdp, dp, in, nil
@@ -223,7 +108,7 @@ func (a *Agent) startFromRestart(h *host) (*filter.XDP, dataplane, *inheritance,
 		// Another program: the same tables rebuilt, the same lease.
 		in = inheritFrom(rr, fcfg, rr.LeaseEnd)
 		a.log.Warn("pinned tables not adopted; rebuilt from the restart record", "why", ad.Why, "accepting", in.accept.Buckets.Count())
-		t := filter.NewTables(fcfg, a.self, in.accept.Buckets, in.peersDraining, minus(rr.Draining, in.accept.Buckets))
+		t := filter.NewTables(fcfg, a.self, in.accept.Buckets, in.peersDraining, rr.Draining.Minus(in.accept.Buckets))
 		if err := dp.Update(t, h.MAC()); err != nil {
 			xdp.Close()
 			return nil, nil, nil, fmt.Errorf("xdp tables: %w", err)
@@ -243,4 +128,19 @@ func (a *Agent) startFromRestart(h *host) (*filter.XDP, dataplane, *inheritance,
 		return nil, nil, nil, fmt.Errorf("xdp tables: %w", err)
 	}
 	return xdp, dp, nil, nil
+}
+
+// macTracker tells the host the MAC of every table push, so that a data
+// plane still rewriting to an old MAC makes the node unhealthy.
+type macTracker struct {
+	dataplane
+	h *host.Host
+}
+
+func (m macTracker) Update(t *filter.Tables, ifMAC net.HardwareAddr) error {
+	if err := m.dataplane.Update(t, ifMAC); err != nil {
+		return err
+	}
+	m.h.Pushed(ifMAC)
+	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/host"
 	"github.com/shoalnet/shoal/filter"
 )
 
@@ -22,10 +24,10 @@ func TestRestartArm(t *testing.T) {
 		}
 	}
 	armed, err := r.arm(now, 0)
-	if err != nil || armed.Window != DefaultRestartWindow || !armed.Until.Equal(now.Add(restartArmFor)) {
+	if err != nil || armed.Window != control.DefaultRestartWindow || !armed.Until.Equal(now.Add(restartArmFor)) {
 		t.Fatalf("arm: %+v %v; want the default window for a minute", armed, err)
 	}
-	if w, ok := r.take(now.Add(59 * time.Second)); !ok || w != DefaultRestartWindow {
+	if w, ok := r.take(now.Add(59 * time.Second)); !ok || w != control.DefaultRestartWindow {
 		t.Errorf("take within the minute: %v %v", w, ok)
 	}
 	if _, ok := r.take(now.Add(59 * time.Second)); ok {
@@ -54,7 +56,7 @@ func TestInheritFrom(t *testing.T) {
 			grant.Buckets.Add(id, b)
 		}
 	}
-	rr := &restartRecord{Accept: grant}
+	rr := &host.RestartRecord{Accept: grant}
 	until := time.Unix(1_700_000_010, 0)
 	for _, tc := range []struct {
 		name         string

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
@@ -11,13 +12,13 @@ import (
 // takes a lock a loop holds, and never delays a heartbeat.
 
 // status is the node's part of Status, from the published snapshots.
-func (n *node) status() Status {
+func (n *node) Status() control.Status {
 	ms, ds := n.mem.snap.Load(), n.rec.pub.Load()
 	st := ms.hb
-	s := Status{
+	s := control.Status{
 		NodeID: n.self, Admin: ms.admin.String(), Converged: st.Converged, Healthy: true,
 		RulesIndex: ms.rs.Index, TablesIndex: ds.tablesIndex, Connections: ds.conns, Plugged: ms.plugged,
-		View:      ViewInfo{Eligible: nodeIDs(st.View.Eligible), RulesIndex: st.View.RulesIndex, Seed: st.View.Seed},
+		View:      control.ViewInfo{Eligible: nodeIDs(st.View.Eligible), RulesIndex: st.View.RulesIndex, Seed: st.View.Seed},
 		Accepting: map[filter.RuleID]int{}, Draining: map[filter.RuleID]int{}, Dirty: map[filter.RuleID]int{},
 		Live:             sortedLive(n.self, st),
 		DataplaneHealthy: ds.healthy, DataplaneError: ds.lastErr, UpdateFailures: n.rec.failures.Load(),
@@ -43,13 +44,13 @@ func (n *node) status() Status {
 }
 
 // params is the node's part of Params: packet and heartbeat counters.
-func (n *node) params() Params {
+func (n *node) Params() control.Params {
 	ms := n.mem.snap.Load()
-	p := Params{Settings: settingInfo(ms.rs.Settings), Packets: map[filter.RuleID]PacketCounters{},
+	p := control.Params{Settings: settingInfo(ms.rs.Settings), Packets: map[filter.RuleID]control.PacketCounters{},
 		Heartbeat: heartbeatStats(n.link.Stats()), ARP: map[string]uint64{}}
 	if c, err := n.dp.Counters(); err == nil {
 		for id, rc := range c {
-			pc := PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}}
+			pc := control.PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}}
 			if h := map[string]uint64{"out": rc.HandedOver, "in": rc.HandedIn, "refused": rc.HandedRefused}; rc.HandedOver+rc.HandedIn+rc.HandedRefused > 0 {
 				pc.Handed = h
 			}
@@ -74,6 +75,6 @@ func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
 	return m
 }
 
-func settingInfo(s rules.Settings) SettingInfo {
-	return SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance, MACMode: s.MACMode.String()}
+func settingInfo(s rules.Settings) control.SettingInfo {
+	return control.SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance, MACMode: s.MACMode.String()}
 }

@@ -6,51 +6,56 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 )
 
 // The Agent implements the control API on top of its commander.
 
-func (a *Agent) setAdmin(ctx context.Context, r AdminRequest) error { return a.cmd.setAdmin(ctx, r) }
-func (a *Agent) listRules() []RuleInfo                              { return a.cmd.listRules() }
-func (a *Agent) addRule(ctx context.Context, r RuleRequest) (RuleInfo, error) {
-	return a.cmd.addRule(ctx, r)
+func (a *Agent) SetAdmin(ctx context.Context, r control.AdminRequest) error {
+	return a.cmd.SetAdmin(ctx, r)
 }
-func (a *Agent) removeRule(ctx context.Context, t string) error { return a.cmd.removeRule(ctx, t) }
-func (a *Agent) editRule(ctx context.Context, t string, r RuleEditRequest) (RuleInfo, error) {
-	return a.cmd.editRule(ctx, t, r)
+func (a *Agent) ListRules() []control.RuleInfo { return a.cmd.ListRules() }
+func (a *Agent) AddRule(ctx context.Context, r control.RuleRequest) (control.RuleInfo, error) {
+	return a.cmd.AddRule(ctx, r)
 }
-func (a *Agent) setSettings(ctx context.Context, r SettingsRequest) error {
-	return a.cmd.setSettings(ctx, r)
+func (a *Agent) RemoveRule(ctx context.Context, t string) error { return a.cmd.RemoveRule(ctx, t) }
+func (a *Agent) EditRule(ctx context.Context, t string, r control.RuleEditRequest) (control.RuleInfo, error) {
+	return a.cmd.EditRule(ctx, t, r)
 }
-func (a *Agent) setRuleState(ctx context.Context, r RuleStateRequest) error {
-	return a.cmd.setRuleState(ctx, r)
+func (a *Agent) SetSettings(ctx context.Context, r control.SettingsRequest) error {
+	return a.cmd.SetSettings(ctx, r)
 }
-func (a *Agent) setWeight(ctx context.Context, r WeightRequest) error { return a.cmd.setWeight(ctx, r) }
-func (a *Agent) setPriority(ctx context.Context, r PriorityRequest) error {
-	return a.cmd.setPriority(ctx, r)
+func (a *Agent) SetRuleState(ctx context.Context, r control.RuleStateRequest) error {
+	return a.cmd.SetRuleState(ctx, r)
+}
+func (a *Agent) SetWeight(ctx context.Context, r control.WeightRequest) error {
+	return a.cmd.SetWeight(ctx, r)
+}
+func (a *Agent) SetPriority(ctx context.Context, r control.PriorityRequest) error {
+	return a.cmd.SetPriority(ctx, r)
 }
 
 // leave takes the node out of the cluster; the operator then stops the agent.
-func (a *Agent) leave(ctx context.Context) error { return a.store.Leave(ctx) }
+func (a *Agent) Leave(ctx context.Context) error { return a.store.Leave(ctx) }
 
 // setPlug pulls or restores the node's virtual plug (plug arms its
 // restore). Putting it back starts a fresh membership incarnation, so the
 // node listens before it takes anything, exactly as a node whose cable
 // comes back after a restart.
-func (a *Agent) setPlug(ctx context.Context, r PlugRequest) error {
+func (a *Agent) setPlug(ctx context.Context, r control.PlugRequest) error {
 	return a.node.mem.setPlug(ctx, r.Pulled)
 }
 
 // status is the node's published state, with what only the Agent knows.
-func (a *Agent) status() Status {
-	s := a.node.status()
+func (a *Agent) Status() control.Status {
+	s := a.node.Status()
 	s.NodeName = a.cfg.NodeName
-	s.Healthy = a.hc.healthy.Load()
+	s.Healthy = a.hc.Healthy()
 	if !s.Healthy {
-		s.HealthError, _ = a.hc.lastErr.Load().(string)
+		s.HealthError = a.hc.Err()
 	}
-	if ok, why := a.host.hostHealthy(); !ok {
+	if ok, why := a.host.Healthy(); !ok {
 		s.Healthy = false
 		s.HealthError = strings.TrimPrefix(s.HealthError+"; data plane: "+why, "; ")
 	}
@@ -60,15 +65,15 @@ func (a *Agent) status() Status {
 		s.Admin = n.Admin.String()
 	}
 	s.Leader, _ = a.store.Leader()
-	s.RulesStopped = rulesStopped(a.store)
+	s.RulesStopped = control.RulesStopped(a.store)
 	return s
 }
 
-func (a *Agent) query() Query {
+func (a *Agent) Query() control.Query {
 	ms := a.node.mem.snap.Load()
 	rs, hb, self := ms.rs, ms.hb, a.self
 	owners := filter.Assign(ms.fcfg, nodeIDs(hb.View.Eligible))
-	q := Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: settingInfo(rs.Settings)}
+	q := control.Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: settingInfo(rs.Settings)}
 	q.Leader, _ = a.store.Leader()
 	for _, v := range rs.VIPs {
 		q.VIPs = append(q.VIPs, v.String())
@@ -78,7 +83,7 @@ func (a *Agent) query() Query {
 		peers[filter.NodeID(p.ID)] = i
 	}
 	for _, n := range rs.Nodes {
-		ni := NodeInfo{ID: n.ID, Name: n.Name, HostPriority: n.HostPriority, Admin: n.Admin.String(),
+		ni := control.NodeInfo{ID: n.ID, Name: n.Name, HostPriority: n.HostPriority, Admin: n.Admin.String(),
 			Eligible: hb.View.Has(uint32(n.ID)), HeartbeatAddr: n.HeartbeatAddr, APIAddr: n.APIAddr,
 			Share: map[filter.RuleID]float64{}}
 		if n.ID == self {
@@ -98,30 +103,30 @@ func (a *Agent) query() Query {
 		q.Nodes = append(q.Nodes, ni)
 	}
 	for i := range rs.Rules {
-		q.Rules = append(q.Rules, ruleInfo(rs, &rs.Rules[i]))
+		q.Rules = append(q.Rules, control.RuleInfoOf(rs, &rs.Rules[i]))
 	}
 	return q
 }
 
-func (a *Agent) params() Params {
-	p := a.node.params()
+func (a *Agent) Params() control.Params {
+	p := a.node.Params()
 	p.Config = *a.cfg
-	p.ARP = a.host.arpCounters()
-	p.NDP = a.host.ndpCounters()
+	c := a.host.Counters()
+	p.ARP, p.NDP = c["arp"], c["ndp"]
 	return p
 }
 
 // simulate says which node takes a flow now, and which would if any one
 // node failed.
-func (a *Agent) simulate(client, to netip.AddrPort, proto string) (Simulation, error) {
-	p, err := filter.ParseProtocol(orDefault(proto, "tcp"))
+func (a *Agent) Simulate(client, to netip.AddrPort, proto string) (control.Simulation, error) {
+	p, err := filter.ParseProtocol(control.OrDefault(proto, "tcp"))
 	if err != nil || p == filter.ProtoBoth {
-		return Simulation{}, badRequest("proto %q: want tcp or udp", proto)
+		return control.Simulation{}, control.BadRequest("proto %q: want tcp or udp", proto)
 	}
 	ms, ds := a.node.mem.snap.Load(), a.node.rec.pub.Load()
 	id, bucket, ok := ms.fcfg.Locate(to.Addr(), p, client.Addr(), client.Port(), to.Port())
 	if !ok {
-		return Simulation{}, badRequest("%s is not a VIP of this cluster, or %s is not IPv4", to.Addr(), client.Addr())
+		return control.Simulation{}, control.BadRequest("%s is not a VIP of this cluster, or %s is not IPv4", to.Addr(), client.Addr())
 	}
 	name := func(n filter.NodeID) string {
 		if node := ms.rs.Node(n); node != nil {
@@ -130,7 +135,7 @@ func (a *Agent) simulate(client, to netip.AddrPort, proto string) (Simulation, e
 		return ""
 	}
 	view := nodeIDs(ms.hb.View.Eligible)
-	sim := Simulation{Rule: id, Bucket: bucket, IfDown: map[string]string{}}
+	sim := control.Simulation{Rule: id, Bucket: bucket, IfDown: map[string]string{}}
 	sim.Owner = name(filter.Assign(ms.fcfg, view).Rules[id][bucket])
 	if t := ds.tables; t != nil {
 		sim.Here = t.States[id][bucket].String()

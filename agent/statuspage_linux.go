@@ -5,12 +5,14 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/statuspage"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/rules"
 )
 
 // history is what the status page shows of the past.
-func (a *Agent) history() historySnapshot { return a.hist.snapshot() }
+func (a *Agent) History() statuspage.HistorySnapshot { return a.hist.Snapshot() }
 
 // nodeNamer names the registered nodes of st.
 func nodeNamer(st *rules.State) func(filter.NodeID) string {
@@ -26,6 +28,6 @@ func nodeNamer(st *rules.State) func(filter.NodeID) string {
 // pages (the peer API authorizes the caller).
 func (a *Agent) sampleHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, sample(a.status(), a.params(), time.Now()))
+		control.WriteJSON(w, http.StatusOK, statuspage.Sample(a.Status(), a.Params(), time.Now()))
 	})
 }

@@ -69,6 +69,27 @@ func (s Set) Intersect(o Set) Set {
 	return out
 }
 
+// Minus returns the pairs of s that are not in o.
+func (s Set) Minus(o Set) Set {
+	out := Set{}
+	for id, m := range s {
+		om := o[id]
+		var r Bitmap
+		any := false
+		for i := range r {
+			r[i] = m[i]
+			if om != nil {
+				r[i] &^= om[i]
+			}
+			any = any || r[i] != 0
+		}
+		if any {
+			out[id] = &r
+		}
+	}
+	return out
+}
+
 // Equal reports whether s and o hold the same pairs.
 func (s Set) Equal(o Set) bool {
 	return s.Intersect(o).Count() == s.Count() && s.Count() == o.Count()

@@ -3,9 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 // adminAction sets a node's admin state and says what happened.
@@ -14,7 +13,7 @@ func adminAction(state, done string) cli.ActionFunc {
 		if c.NArg() > 0 {
 			return usageError("%s takes no arguments; use --node NAME for another node", c.Command.Name)
 		}
-		req := agent.AdminRequest{Node: c.String("node"), State: state}
+		req := control.AdminRequest{Node: c.String("node"), State: state}
 		if err := client(c).Do(c.Context, "POST", "/v1/admin", req, nil); err != nil {
 			return err
 		}

@@ -10,10 +10,11 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/config"
 )
 
 // agentSettings are the config fields a flag may override.
-var agentSettings = (&agent.Config{}).FieldNames()
+var agentSettings = (&config.Config{}).FieldNames()
 
 var agentCommand = &cli.Command{
 	Name:  "agent",
@@ -38,7 +39,7 @@ var agentCommand = &cli.Command{
 			return err
 		}
 		// A key reload (SIGHUP) rereads key_file and accept_key_files.
-		cfg.Reread = func() (*agent.Config, error) { return loadAgentConfig(c) }
+		cfg.Reread = func() (*config.Config, error) { return loadAgentConfig(c) }
 		if c.Bool("check") {
 			return nil
 		}
@@ -50,8 +51,8 @@ var agentCommand = &cli.Command{
 
 // loadAgentConfig reads the configuration: the file, then SHOAL_*
 // variables, then flags; and validates it.
-func loadAgentConfig(c *cli.Context) (*agent.Config, error) {
-	cfg, err := agent.LoadConfig(c.String("config"))
+func loadAgentConfig(c *cli.Context) (*config.Config, error) {
+	cfg, err := config.Load(c.String("config"))
 	if err != nil {
 		return nil, cli.Exit(err.Error(), exitUsage)
 	}

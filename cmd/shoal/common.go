@@ -6,16 +6,15 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON instead of text"}
 
 var nodeFlag = &cli.StringFlag{Name: "node", Usage: "the node to act on (default: this node)"}
 
-func isAgentDown(err error) bool { return errors.Is(err, agent.ErrAgentDown) }
+func isAgentDown(err error) bool { return errors.Is(err, control.ErrAgentDown) }
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 )
 
@@ -18,7 +18,7 @@ var displayCommand = &cli.Command{
 	Description: "Prints the agent's configuration, the cluster settings, and the data plane's\npacket counters (accepted, dropped by reason) per rule, with heartbeat and ARP counters.",
 	Flags:       []cli.Flag{jsonFlag},
 	Action: func(c *cli.Context) error {
-		var p agent.Params
+		var p control.Params
 		if err := client(c).Do(c.Context, "GET", "/v1/params", nil, &p); err != nil {
 			return err
 		}

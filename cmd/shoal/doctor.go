@@ -8,7 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/doctor"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -41,7 +41,7 @@ var doctorCommand = &cli.Command{
 		if c.NArg() > 0 {
 			return usageError("doctor takes no arguments")
 		}
-		var reps []agent.DoctorReport
+		var reps []doctor.Report
 		if v := c.String("neighbor"); v != "" {
 			vip, err := netip.ParseAddr(v)
 			if err != nil || vip.Zone() != "" || vip.Is4In6() {
@@ -51,11 +51,11 @@ var doctorCommand = &cli.Command{
 			if err != nil {
 				return usageError("doctor: --mac-mode %q: want multicast or igmp", c.String("mac-mode"))
 			}
-			chk, err := agent.CheckNeighbour(vip, mode)
+			chk, err := doctor.CheckNeighbour(vip, mode)
 			if err != nil {
 				return err
 			}
-			reps = []agent.DoctorReport{{Node: "this host", Checks: []agent.DoctorCheck{chk}}}
+			reps = []doctor.Report{{Node: "this host", Checks: []doctor.Check{chk}}}
 		} else {
 			path := "/v1/doctor"
 			if c.Bool("cluster") {
@@ -75,7 +75,7 @@ var doctorCommand = &cli.Command{
 		var failed []string
 		for _, r := range reps {
 			for _, ch := range r.Checks {
-				if ch.Verdict == agent.VerdictFail {
+				if ch.Verdict == doctor.VerdictFail {
 					failed = append(failed, r.Node+" "+ch.Name)
 				}
 			}
@@ -89,7 +89,7 @@ var doctorCommand = &cli.Command{
 
 // printDoctor prints each node's checks, one line each, with what to do
 // under every check that did not pass.
-func printDoctor(w io.Writer, reps []agent.DoctorReport) {
+func printDoctor(w io.Writer, reps []doctor.Report) {
 	for i, r := range reps {
 		if i > 0 {
 			fmt.Fprintln(w)
@@ -97,11 +97,11 @@ func printDoctor(w io.Writer, reps []agent.DoctorReport) {
 		fmt.Fprintf(w, "%s\n", r.Node)
 		for _, ch := range r.Checks {
 			v := string(ch.Verdict)
-			if ch.Verdict == agent.VerdictFail {
+			if ch.Verdict == doctor.VerdictFail {
 				v = "FAIL"
 			}
 			fmt.Fprintf(w, "  %-4s  %-11s  %s\n", v, ch.Name, ch.Detail)
-			if ch.Fix != "" && ch.Verdict != agent.VerdictOK && ch.Verdict != agent.VerdictSkip {
+			if ch.Fix != "" && ch.Verdict != doctor.VerdictOK && ch.Verdict != doctor.VerdictSkip {
 				fmt.Fprintf(w, "        %-11s  fix: %s\n", "", ch.Fix)
 			}
 		}

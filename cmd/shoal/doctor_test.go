@@ -8,27 +8,27 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/doctor"
 )
 
 func TestDoctor(t *testing.T) {
-	ok := agent.DoctorCheck{Name: "ports", Verdict: agent.VerdictOK, Detail: "reachable"}
-	warn := agent.DoctorCheck{Name: "clock", Verdict: agent.VerdictWarn, Detail: "not synchronised", Fix: "run chrony"}
-	fail := agent.DoctorCheck{Name: "cluster_mac", Verdict: agent.VerdictFail, Detail: "frames from node2 do not reach this node", Fix: "MAC address spoofing"}
+	ok := doctor.Check{Name: "ports", Verdict: doctor.VerdictOK, Detail: "reachable"}
+	warn := doctor.Check{Name: "clock", Verdict: doctor.VerdictWarn, Detail: "not synchronised", Fix: "run chrony"}
+	fail := doctor.Check{Name: "cluster_mac", Verdict: doctor.VerdictFail, Detail: "frames from node2 do not reach this node", Fix: "MAC address spoofing"}
 	tests := []struct {
 		name  string
 		args  []string
-		reps  []agent.DoctorReport
+		reps  []doctor.Report
 		path  string
 		code  int
 		out   []string
 		notIn string
 	}{
-		{"passes with a warning", []string{"doctor"}, []agent.DoctorReport{{Node: "node1", Checks: []agent.DoctorCheck{ok, warn}}},
+		{"passes with a warning", []string{"doctor"}, []doctor.Report{{Node: "node1", Checks: []doctor.Check{ok, warn}}},
 			"/v1/doctor", 0, []string{"node1", "ok    ports", "warn  clock", "fix: run chrony"}, "FAIL"},
-		{"a failed check exits 1", []string{"doctor", "--cluster"}, []agent.DoctorReport{{Node: "node1", Checks: []agent.DoctorCheck{ok}}, {Node: "node3", Checks: []agent.DoctorCheck{fail}}},
+		{"a failed check exits 1", []string{"doctor", "--cluster"}, []doctor.Report{{Node: "node1", Checks: []doctor.Check{ok}}, {Node: "node3", Checks: []doctor.Check{fail}}},
 			"/v1/doctor?cluster=true", exitError, []string{"node3", "FAIL  cluster_mac", "fix: MAC address spoofing", "failed: node3 cluster_mac"}, ""},
-		{"json", []string{"doctor", "--json"}, []agent.DoctorReport{{Node: "node1", Checks: []agent.DoctorCheck{fail}}},
+		{"json", []string{"doctor", "--json"}, []doctor.Report{{Node: "node1", Checks: []doctor.Check{fail}}},
 			"/v1/doctor", exitError, []string{`"verdict": "fail"`}, ""},
 		{"bad neighbor", []string{"doctor", "--neighbor", "nonsense"}, nil, "", exitUsage, []string{"not an IPv4 or IPv6 address"}, ""},
 		{"bad mode", []string{"doctor", "--neighbor", "198.18.1.100", "--mac-mode", "unicast"}, nil, "", exitUsage, []string{"want multicast or igmp"}, ""},

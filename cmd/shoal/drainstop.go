@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var drainstopCommand = &cli.Command{
@@ -28,7 +27,7 @@ var drainstopCommand = &cli.Command{
 		}
 		cl := client(c)
 		node := c.String("node")
-		if err := cl.Do(c.Context, "POST", "/v1/admin", agent.AdminRequest{Node: node, State: "draining"}, nil); err != nil {
+		if err := cl.Do(c.Context, "POST", "/v1/admin", control.AdminRequest{Node: node, State: "draining"}, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.App.Writer, "%s: draining\n", nodeLabel(node))
@@ -44,7 +43,7 @@ var drainstopCommand = &cli.Command{
 const applyGrace = 5 * time.Second
 
 // waitDrained polls until the node is stopped or the timeout passes.
-func waitDrained(ctx context.Context, cl *agent.Client, c *cli.Context, node string, timeout time.Duration) error {
+func waitDrained(ctx context.Context, cl *control.Client, c *cli.Context, node string, timeout time.Duration) error {
 	start := time.Now()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -91,7 +90,7 @@ func waitDrained(ctx context.Context, cl *agent.Client, c *cli.Context, node str
 			lastPrint = time.Now()
 		}
 		if timeout > 0 && time.Since(start) >= timeout {
-			if err := cl.Do(ctx, "POST", "/v1/admin", agent.AdminRequest{Node: node, State: "stopped"}, nil); err != nil {
+			if err := cl.Do(ctx, "POST", "/v1/admin", control.AdminRequest{Node: node, State: "stopped"}, nil); err != nil {
 				return err
 			}
 			return cli.Exit(fmt.Sprintf("%s: still draining after %s; stopped it (%d connections cut)", nodeLabel(node), timeout, max(conns, 0)), exitTimeout)
@@ -113,7 +112,7 @@ type progress struct {
 	applied bool
 }
 
-func drainProgress(ctx context.Context, cl *agent.Client, node string) (progress, error) {
+func drainProgress(ctx context.Context, cl *control.Client, node string) (progress, error) {
 	st, err := cl.Status(ctx)
 	if err != nil {
 		return progress{}, err

@@ -12,7 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/config"
 	"github.com/shoalnet/shoal/deploy/drill"
 	"github.com/shoalnet/shoal/deploy/lab"
 )
@@ -115,7 +115,7 @@ func runDrill(ctx context.Context, c *cli.Context, sc drill.Scenario, tr drill.T
 			return nil, usageError("drill plug on a real cluster: give --peer ADDR (the node's peer_addr) and --key-file")
 		}
 		var err error
-		if key, err = agent.ReadKey(c.String("key-file")); err != nil {
+		if key, err = config.ReadKey(c.String("key-file")); err != nil {
 			return nil, err
 		}
 	}

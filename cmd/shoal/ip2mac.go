@@ -8,7 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/announce"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -49,7 +49,7 @@ var ip2macCommand = &cli.Command{
 // printIP2MAC prints vip's cluster MAC in mode and the static ARP or
 // neighbour entry for it in Linux and common router syntaxes.
 func printIP2MAC(w io.Writer, vip netip.Addr, mode rules.MACMode) {
-	mac := agent.ClusterMAC(vip, mode)
+	mac := announce.ClusterMAC(vip, mode)
 	dotted := strings.ReplaceAll(mac.String(), ":", "")
 	cisco := dotted[0:4] + "." + dotted[4:8] + "." + dotted[8:12]
 	fmt.Fprintf(w, "cluster MAC for %s (%s mode): %s\n", vip, mode, mac)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/config"
 	"github.com/shoalnet/shoal/heartbeat"
 )
 
@@ -28,7 +28,7 @@ var keyIDCommand = &cli.Command{
 			return usageError("key id: give one or more key files")
 		}
 		for _, f := range c.Args().Slice() {
-			k, err := agent.ReadKey(f)
+			k, err := config.ReadKey(f)
 			if err != nil {
 				return err
 			}
@@ -77,7 +77,7 @@ var keyRotateCommand = &cli.Command{
 		oldF, newF := c.Args().Get(0), c.Args().Get(1)
 		var ids [2]uint32
 		for i, f := range []string{oldF, newF} {
-			k, err := agent.ReadKey(f)
+			k, err := config.ReadKey(f)
 			if err != nil {
 				return err
 			}

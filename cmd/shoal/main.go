@@ -7,7 +7,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/config"
+	"github.com/shoalnet/shoal/agent/control"
 )
 
 func main() {
@@ -28,7 +29,7 @@ func newApp() *cli.App {
 			"each keeps, in XDP, only its share of the traffic. Run `shoal agent` on every\n" +
 			"node; the other commands talk to the local agent over its control socket.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "socket", Value: agent.DefaultSocket, EnvVars: []string{"SHOAL_SOCKET"},
+			&cli.StringFlag{Name: "socket", Value: config.DefaultSocket, EnvVars: []string{"SHOAL_SOCKET"},
 				Usage: "the local agent's control socket"},
 		},
 		Commands: []*cli.Command{
@@ -86,4 +87,4 @@ func exitCode(err error) int {
 	return exitError
 }
 
-func client(c *cli.Context) *agent.Client { return agent.NewClient(c.String("socket")) }
+func client(c *cli.Context) *control.Client { return control.NewClient(c.String("socket")) }

@@ -16,7 +16,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/config"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 )
 
@@ -94,7 +95,7 @@ func TestKeygen(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("key file mode %v, err %v", st.Mode(), err)
 	}
-	if k, err := agent.ReadKey(p); err != nil || len(k) != 32 {
+	if k, err := config.ReadKey(p); err != nil || len(k) != 32 {
 		t.Errorf("the agent cannot read the key: %v", err)
 	}
 	if _, code := run(t, "keygen", p); code == 0 {
@@ -124,8 +125,8 @@ func TestAgentCheckRejectsBadConfig(t *testing.T) {
 type fakeAgent struct {
 	mu       sync.Mutex
 	requests []string
-	status   agent.Status
-	query    agent.Query
+	status   control.Status
+	query    control.Query
 }
 
 func startFake(t *testing.T, f *fakeAgent) string {
@@ -149,13 +150,13 @@ func startFake(t *testing.T, f *fakeAgent) string {
 		case "/v1/query":
 			json.NewEncoder(w).Encode(q)
 		case "/v1/restart":
-			json.NewEncoder(w).Encode(agent.RestartArmed{Window: agent.DefaultRestartWindow, Until: time.Now().Add(time.Minute)})
+			json.NewEncoder(w).Encode(control.RestartArmed{Window: control.DefaultRestartWindow, Until: time.Now().Add(time.Minute)})
 		case "/v1/admin":
-			var req agent.AdminRequest
+			var req control.AdminRequest
 			json.Unmarshal(body.Bytes(), &req)
 			if req.State == "bogus" {
 				w.WriteHeader(http.StatusBadRequest)
-				json.NewEncoder(w).Encode(agent.APIError{Error: "admin state \"bogus\": want started"})
+				json.NewEncoder(w).Encode(control.APIError{Error: "admin state \"bogus\": want started"})
 				return
 			}
 			f.mu.Lock()
@@ -175,14 +176,14 @@ func startFake(t *testing.T, f *fakeAgent) string {
 }
 
 func TestStatusJSON(t *testing.T) {
-	f := &fakeAgent{status: agent.Status{NodeID: 2, NodeName: "node2", Admin: "started", Healthy: true, Converged: true,
+	f := &fakeAgent{status: control.Status{NodeID: 2, NodeName: "node2", Admin: "started", Healthy: true, Converged: true,
 		Accepting: map[filter.RuleID]int{1: 1365}}}
 	sock := startFake(t, f)
 	out, code := run(t, "--socket", sock, "status", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, out)
 	}
-	var got agent.Status
+	var got control.Status
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("status --json is not JSON: %v\n%s", err, out)
 	}
@@ -196,7 +197,7 @@ func TestStatusJSON(t *testing.T) {
 }
 
 func TestDrainstopTimeout(t *testing.T) {
-	f := &fakeAgent{status: agent.Status{NodeName: "node1", Admin: "started"}}
+	f := &fakeAgent{status: control.Status{NodeName: "node1", Admin: "started"}}
 	sock := startFake(t, f)
 	out, code := run(t, "--socket", sock, "drainstop", "--timeout", "300ms")
 	if code != exitTimeout || !strings.Contains(out, "2 connections cut") {
@@ -211,7 +212,7 @@ func TestDrainstopTimeout(t *testing.T) {
 }
 
 func TestDrainstopFinishes(t *testing.T) {
-	f := &fakeAgent{status: agent.Status{NodeName: "node1", Admin: "started"}}
+	f := &fakeAgent{status: control.Status{NodeName: "node1", Admin: "started"}}
 	sock := startFake(t, f)
 	go func() {
 		// The agent finishes the drain a little later.
@@ -238,8 +239,8 @@ func TestDrainstopFinishes(t *testing.T) {
 // heartbeats advertise the rules index the node asked holds), not as soon
 // as the node asked has: a query of the drained node then says stopped.
 func TestDrainstopWaitsForTheDrainedNode(t *testing.T) {
-	f := &fakeAgent{status: agent.Status{NodeName: "node1", Admin: "started"}, query: agent.Query{RulesIndex: 7,
-		Nodes: []agent.NodeInfo{{Name: "node1", Admin: "started", Live: true, RulesIndex: 7},
+	f := &fakeAgent{status: control.Status{NodeName: "node1", Admin: "started"}, query: control.Query{RulesIndex: 7,
+		Nodes: []control.NodeInfo{{Name: "node1", Admin: "started", Live: true, RulesIndex: 7},
 			{Name: "node3", Admin: "stopped", Live: true, RulesIndex: 6}}}}
 	sock := startFake(t, f)
 	done := make(chan struct{})

@@ -3,9 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var plugCommand = &cli.Command{
@@ -23,7 +22,7 @@ var plugCommand = &cli.Command{
 		if arg != "pull" && arg != "restore" {
 			return usageError("plug: want pull or restore, not %q", arg)
 		}
-		if err := client(c).Do(c.Context, "POST", "/v1/plug", agent.PlugRequest{Pulled: arg == "pull"}, nil); err != nil {
+		if err := client(c).Do(c.Context, "POST", "/v1/plug", control.PlugRequest{Pulled: arg == "pull"}, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.App.Writer, "plug %s\n", map[string]string{"pull": "pulled", "restore": "restored"}[arg])

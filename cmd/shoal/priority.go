@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var priorityCommand = &cli.Command{
@@ -28,7 +27,7 @@ var priorityCommand = &cli.Command{
 			if err != nil {
 				return usageError("priority set: %q is not a number", c.Args().Get(1))
 			}
-			req := agent.PriorityRequest{Rule: c.String("rule"), Node: c.Args().Get(0), Priority: p}
+			req := control.PriorityRequest{Rule: c.String("rule"), Node: c.Args().Get(0), Priority: p}
 			if err := client(c).Do(c.Context, "POST", "/v1/priority", req, nil); err != nil {
 				return err
 			}

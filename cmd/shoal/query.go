@@ -10,9 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var queryCommand = &cli.Command{
@@ -49,7 +48,7 @@ var queryCommand = &cli.Command{
 	},
 }
 
-func printQuery(w io.Writer, q *agent.Query) {
+func printQuery(w io.Writer, q *control.Query) {
 	state := "converged"
 	if !q.Converged {
 		state = "converging"
@@ -96,9 +95,9 @@ func queryFlow(c *cli.Context) error {
 	if c.Bool("local") {
 		q.Set("peers", "0")
 	}
-	var f agent.Flow
+	var f control.Flow
 	if err := client(c).Do(c.Context, "GET", "/v1/flow?"+q.Encode(), nil, &f); err != nil {
-		var se *agent.StatusError
+		var se *control.StatusError
 		if errors.As(err, &se) && se.Code == 400 {
 			return usageError("%s", se.Msg)
 		}
@@ -111,7 +110,7 @@ func queryFlow(c *cli.Context) error {
 	return nil
 }
 
-func printFlow(w io.Writer, f *agent.Flow) {
+func printFlow(w io.Writer, f *control.Flow) {
 	fmt.Fprintf(w, "flow      %s -> %s/%s\n", f.Client, f.To, f.Proto)
 	if f.Rule == 0 {
 		fmt.Fprintf(w, "rule      default: %s\n", f.RuleDesc)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 )
 
 func TestQueryFlow(t *testing.T) {
@@ -26,14 +26,14 @@ func TestQueryFlow(t *testing.T) {
 		}
 		if r.URL.Query().Get("to") == "198.18.0.99:80" {
 			w.WriteHeader(http.StatusBadRequest)
-			json.NewEncoder(w).Encode(agent.APIError{Error: "198.18.0.99 is not a VIP of this cluster"})
+			json.NewEncoder(w).Encode(control.APIError{Error: "198.18.0.99 is not a VIP of this cluster"})
 			return
 		}
-		json.NewEncoder(w).Encode(agent.Flow{Client: "198.18.5.7:51234", To: "198.18.0.100:80", Proto: "tcp", Rule: 1,
+		json.NewEncoder(w).Encode(control.Flow{Client: "198.18.5.7:51234", To: "198.18.0.100:80", Proto: "tcp", Rule: 1,
 			RuleDesc: "198.18.0.100:80/tcp, multiple host, affinity none, enabled", Affinity: "none", Key: "198.18.5.7:51234",
 			Hash: 0xdeadbeef, Bucket: 3823, View: []string{"web1", "web2"}, Converged: true, Owner: "web2",
 			IfDown: map[string]string{"web1": "web2", "web2": "web1"},
-			Nodes: []agent.FlowNode{{Name: "web1", State: "not_owned"}, {Name: "web2", State: "owned", HoldsFlow: true, BucketHeld: true},
+			Nodes: []control.FlowNode{{Name: "web1", State: "not_owned"}, {Name: "web2", State: "owned", HoldsFlow: true, BucketHeld: true},
 				{Name: "web3", Error: "not live"}}})
 	})}
 	go srv.Serve(l)

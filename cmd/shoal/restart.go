@@ -11,7 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 )
 
 var restartCommand = &cli.Command{
@@ -30,7 +30,7 @@ var restartCommand = &cli.Command{
 		"If no agent comes back within the window, the peers take its buckets over as after\n" +
 		"a failure. A stop without `shoal restart` first stays a graceful stop (handoff).",
 	Flags: []cli.Flag{
-		&cli.DurationFlag{Name: "window", Value: agent.DefaultRestartWindow, Usage: "how long the peers wait for the agent to come back (1s-10s)"},
+		&cli.DurationFlag{Name: "window", Value: control.DefaultRestartWindow, Usage: "how long the peers wait for the agent to come back (1s-10s)"},
 		&cli.StringFlag{Name: "if-restarting", Usage: "arm only if systemd is restarting `UNIT` now (for the unit's ExecStop=)"},
 		jsonFlag,
 	},
@@ -45,8 +45,8 @@ var restartCommand = &cli.Command{
 				return nil
 			}
 		}
-		var armed agent.RestartArmed
-		if err := client(c).Do(c.Context, "POST", "/v1/restart", agent.RestartRequest{Window: c.Duration("window")}, &armed); err != nil {
+		var armed control.RestartArmed
+		if err := client(c).Do(c.Context, "POST", "/v1/restart", control.RestartRequest{Window: c.Duration("window")}, &armed); err != nil {
 			return err
 		}
 		if c.Bool("json") {

@@ -6,9 +6,8 @@ import (
 	"slices"
 	"text/tabwriter"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var rulesCommand = &cli.Command{
@@ -22,7 +21,7 @@ var rulesCommand = &cli.Command{
 			Description: "Lists every port rule and, per node, its weight, handling priority and state.",
 			Flags:       []cli.Flag{jsonFlag},
 			Action: func(c *cli.Context) error {
-				var rs []agent.RuleInfo
+				var rs []control.RuleInfo
 				if err := client(c).Do(c.Context, "GET", "/v1/rules", nil, &rs); err != nil {
 					return err
 				}
@@ -46,9 +45,9 @@ var rulesCommand = &cli.Command{
 				jsonFlag,
 			},
 			Action: func(c *cli.Context) error {
-				req := agent.RuleRequest{VIP: c.String("vip"), Ports: c.String("ports"), Proto: c.String("proto"),
+				req := control.RuleRequest{VIP: c.String("vip"), Ports: c.String("ports"), Proto: c.String("proto"),
 					Mode: c.String("mode"), Affinity: c.String("affinity")}
-				var info agent.RuleInfo
+				var info control.RuleInfo
 				if err := client(c).Do(c.Context, "POST", "/v1/rules", req, &info); err != nil {
 					return err
 				}
@@ -80,12 +79,12 @@ var rulesCommand = &cli.Command{
 				if err != nil {
 					return err
 				}
-				req := agent.RuleEditRequest{VIP: c.String("vip"), Ports: c.String("ports"), Proto: c.String("proto"),
+				req := control.RuleEditRequest{VIP: c.String("vip"), Ports: c.String("ports"), Proto: c.String("proto"),
 					Mode: c.String("mode"), Affinity: c.String("affinity")}
-				if req == (agent.RuleEditRequest{}) {
+				if req == (control.RuleEditRequest{}) {
 					return usageError("rules set: nothing to change; give --vip, --ports, --proto, --mode or --affinity")
 				}
-				var info agent.RuleInfo
+				var info control.RuleInfo
 				if err := client(c).Do(c.Context, "PUT", "/v1/rules/"+target, req, &info); err != nil {
 					return err
 				}
@@ -116,7 +115,7 @@ var rulesCommand = &cli.Command{
 	},
 }
 
-func printRules(w io.Writer, rs []agent.RuleInfo) {
+func printRules(w io.Writer, rs []control.RuleInfo) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RULE\tVIP\tPORTS\tPROTO\tMODE\tAFFINITY\tSTATE\tNODES (weight/priority/state)")
 	for _, r := range rs {

@@ -3,9 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 // ruleStateAction enables, disables or drains the rule named by the
@@ -16,7 +15,7 @@ func ruleStateAction(state string) cli.ActionFunc {
 		if err != nil {
 			return err
 		}
-		req := agent.RuleStateRequest{Target: target, State: state, Node: c.String("node"), AllNodes: c.Bool("all-nodes")}
+		req := control.RuleStateRequest{Target: target, State: state, Node: c.String("node"), AllNodes: c.Bool("all-nodes")}
 		if req.AllNodes && req.Node != "" {
 			return usageError("%s: --node and --all-nodes exclude each other", c.Command.Name)
 		}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -21,7 +21,7 @@ var settingsCommand = &cli.Command{
 			Description: "Prints the cluster id, the hash seed, the heartbeat settings and the MAC mode.",
 			Flags:       []cli.Flag{jsonFlag},
 			Action: func(c *cli.Context) error {
-				var q agent.Query
+				var q control.Query
 				if err := client(c).Do(c.Context, "GET", "/v1/query", nil, &q); err != nil {
 					return err
 				}
@@ -55,7 +55,7 @@ var settingsCommand = &cli.Command{
 				&cli.StringFlag{Name: "mac-mode", Usage: "the cluster MAC's mode: multicast or igmp"},
 			},
 			Action: func(c *cli.Context) error {
-				var req agent.SettingsRequest
+				var req control.SettingsRequest
 				if c.IsSet("hash-seed") {
 					v := c.Uint64("hash-seed")
 					if v > 1<<32-1 {
@@ -85,7 +85,7 @@ var settingsCommand = &cli.Command{
 				if err := cl.Do(c.Context, "POST", "/v1/settings", req, nil); err != nil {
 					return err
 				}
-				var q agent.Query
+				var q control.Query
 				if err := cl.Do(c.Context, "GET", "/v1/query", nil, &q); err != nil {
 					return err
 				}
@@ -96,7 +96,7 @@ var settingsCommand = &cli.Command{
 	},
 }
 
-func printSettings(c *cli.Context, s agent.SettingInfo) {
+func printSettings(c *cli.Context, s control.SettingInfo) {
 	fmt.Fprintf(c.App.Writer, "cluster id %08x\nhash seed %d\nheartbeat period %s, tolerance %d\nmac mode %s\n",
 		s.ClusterID, s.HashSeed, s.HeartbeatPeriod, s.HeartbeatTolerance, s.MACMode)
 }

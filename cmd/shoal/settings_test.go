@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 )
 
 // recordingAgent answers `rules set` and `settings` requests and records
@@ -34,11 +34,11 @@ func (f *recordingAgent) start(t *testing.T) string {
 		f.mu.Unlock()
 		switch {
 		case r.Method == "PUT":
-			var req agent.RuleEditRequest
+			var req control.RuleEditRequest
 			json.Unmarshal(b, &req)
-			json.NewEncoder(w).Encode(agent.RuleInfo{ID: 1, VIP: "198.18.7.100", Ports: "80", Proto: "tcp", Mode: "multiple", Affinity: req.Affinity})
+			json.NewEncoder(w).Encode(control.RuleInfo{ID: 1, VIP: "198.18.7.100", Ports: "80", Proto: "tcp", Mode: "multiple", Affinity: req.Affinity})
 		case r.URL.Path == "/v1/query":
-			json.NewEncoder(w).Encode(agent.Query{Settings: agent.SettingInfo{ClusterID: 0xabc, HashSeed: 42, HeartbeatPeriod: "75ms", HeartbeatTolerance: 12, MACMode: "igmp"}})
+			json.NewEncoder(w).Encode(control.Query{Settings: control.SettingInfo{ClusterID: 0xabc, HashSeed: 42, HeartbeatPeriod: "75ms", HeartbeatTolerance: 12, MACMode: "igmp"}})
 		default:
 			w.WriteHeader(http.StatusNoContent)
 		}

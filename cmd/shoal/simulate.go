@@ -5,9 +5,8 @@ import (
 	"net/url"
 	"slices"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var simulateCommand = &cli.Command{
@@ -23,7 +22,7 @@ var simulateCommand = &cli.Command{
 			return usageError("simulate: want <client-ip:port> <vip:port>")
 		}
 		q := url.Values{"client": {c.Args().Get(0)}, "to": {c.Args().Get(1)}, "proto": {c.String("proto")}}
-		var sim agent.Simulation
+		var sim control.Simulation
 		if err := client(c).Do(c.Context, "GET", "/v1/simulate?"+q.Encode(), nil, &sim); err != nil {
 			return err
 		}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/shoalnet/shoal/agent"
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 )
 
@@ -29,7 +29,7 @@ var statusCommand = &cli.Command{
 	},
 }
 
-func printStatus(w io.Writer, st *agent.Status) {
+func printStatus(w io.Writer, st *control.Status) {
 	fmt.Fprintf(w, "node %s (id %d): %s, %s\n", st.NodeName, st.NodeID, st.Admin, health(st.Healthy, st.HealthError))
 	conv := "converged"
 	if !st.Converged {

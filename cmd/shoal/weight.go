@@ -3,9 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
-
-	"github.com/shoalnet/shoal/agent"
 )
 
 var weightCommand = &cli.Command{
@@ -21,7 +20,7 @@ var weightCommand = &cli.Command{
 			if c.NArg() != 3 {
 				return usageError("weight set: want <rule> <node> <0-100|equal>")
 			}
-			req := agent.WeightRequest{Rule: c.Args().Get(0), Node: c.Args().Get(1), Weight: c.Args().Get(2)}
+			req := control.WeightRequest{Rule: c.Args().Get(0), Node: c.Args().Get(1), Weight: c.Args().Get(2)}
 			if err := client(c).Do(c.Context, "POST", "/v1/weight", req, nil); err != nil {
 				return err
 			}

@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/shoalnet/shoal/internal/netnstest"
 )
 
 // BenchmarkDirectHTTP measures the lab's plumbing without shoal: the client's
@@ -26,7 +28,7 @@ func BenchmarkDirectHTTP(b *testing.B) {
 			}
 			if err := Poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() error {
 				var err error
-				ierr := inNamespace(b, l.Client.Namespace, func() error {
+				ierr := netnstest.Do(b, l.Client.Namespace, func() error {
 					c, derr := net.DialTimeout("tcp", n.Addr.String()+":80", time.Second)
 					if derr == nil {
 						c.Close()

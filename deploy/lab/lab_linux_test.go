@@ -7,14 +7,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/shoalnet/shoal/internal/netnstest"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -90,37 +89,10 @@ func assertGone(t testing.TB, id string) {
 	}
 }
 
-// inNamespace runs f on a thread moved into namespace ns; sockets f opens
-// live there.
-func inNamespace(t testing.TB, ns string, f func() error) error {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		return err
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(fmt.Sprintf("cannot return to the original namespace: %v", err)) // the thread is unusable
-		}
-	}()
-	return f()
-}
-
 // ping sends one ICMP (ICMPv6) echo to dst from inside ns and waits for
 // the reply.
 func ping(t testing.TB, ns string, dst netip.Addr) error {
-	return inNamespace(t, ns, func() error {
+	return netnstest.Do(t, ns, func() error {
 		network, laddr, proto := "ip4:icmp", "0.0.0.0", 1
 		var echo, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
 		if dst.Is6() {
@@ -225,7 +197,7 @@ func testTopology(t *testing.T, family Family) {
 		if !alive(p) {
 			return errors.New("serve exited: " + tail(p.Log, 400))
 		}
-		return inNamespace(t, l.Client.Namespace, func() error {
+		return netnstest.Do(t, l.Client.Namespace, func() error {
 			c, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr(n), 80).String(), time.Second)
 			if err == nil {
 				c.Close()

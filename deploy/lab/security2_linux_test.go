@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"github.com/shoalnet/shoal/internal/netnstest"
 )
 
 // upSecurityLab builds shoal and a 3-node lab, removed in t.Cleanup.
@@ -407,7 +408,7 @@ func (c *udpCapture) stop() []datagram {
 func sendUDP(t *testing.T, ns string, from netip.AddrPort, grams []datagram, rounds int) int {
 	t.Helper()
 	var conn net.PacketConn
-	err := inNamespace(t, ns, func() error {
+	err := netnstest.Do(t, ns, func() error {
 		var err error
 		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(from))
 		return err
@@ -434,7 +435,7 @@ func sendUDP(t *testing.T, ns string, from netip.AddrPort, grams []datagram, rou
 // how many it sent.
 func junkUDP(t *testing.T, ns string, targets []netip.AddrPort, d time.Duration) int64 {
 	var conn net.PacketConn
-	err := inNamespace(t, ns, func() error {
+	err := netnstest.Do(t, ns, func() error {
 		var err error
 		conn, err = net.ListenPacket("udp4", ":0")
 		return err

@@ -22,6 +22,7 @@ import (
 	"github.com/google/gopacket/layers"
 	"github.com/google/gopacket/pcapgo"
 
+	"github.com/shoalnet/shoal/internal/netnstest"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -280,7 +281,7 @@ func sniff(t *testing.T, sw string, ports []string, keep func(ip4 *layers.IPv4, 
 	t.Cleanup(s.stop)
 	for _, port := range ports {
 		var h *pcapgo.EthernetHandle
-		err := inNamespace(t, sw, func() error {
+		err := netnstest.Do(t, sw, func() error {
 			var err error
 			h, err = pcapgo.NewEthernetHandle(port)
 			return err
@@ -390,7 +391,7 @@ type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 func nsDialer(t *testing.T, ns string) dialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
-		err := inNamespace(t, ns, func() error {
+		err := netnstest.Do(t, ns, func() error {
 			var err error
 			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
 			return err

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shoalnet/shoal/internal/netnstest"
 )
 
 // TestServers starts every server type on a node, with the VIP put on its
@@ -64,7 +66,7 @@ func TestServers(t *testing.T) {
 
 			// One keep-alive connection, three requests.
 			var family string
-			err = inNamespace(t, l.Client.Namespace, func() error {
+			err = netnstest.Do(t, l.Client.Namespace, func() error {
 				c, err := net.DialTimeout("tcp", net.JoinHostPort(l.VIP.String(), "80"), 2*time.Second)
 				if err != nil {
 					return err

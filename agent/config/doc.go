@@ -1,0 +1,3 @@
+// Package config reads, checks and defaults an agent's configuration: the
+// YAML file, then the environment, then flags.
+package config
