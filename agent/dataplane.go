@@ -457,7 +457,7 @@ func (h *hands) index(o filter.NodeID) uint8 {
 // tables took by them, so no SYN falls between the old mapping's owner,
 // which lets go, and the new mapping's, which takes the bucket only once
 // every member advertises the new rules and none keeps
-// (docs/ARCHITECTURE.md, "Rules that remap flows"). Prev is the tables in
+// (docs/AGENT.md, "Rules that remap flows"). Prev is the tables in
 // the kernel at the change, whatever they came from: their states are
 // what this node took SYNs by, and another node took none of those flows
 // by its own, at any time the first could have.

@@ -32,7 +32,7 @@ import (
 // advertises a state whose tables are not in the kernel. When the machine
 // adopts a new view, membership keeps advertising the last state the data
 // plane confirmed, on schedule, until the data plane reports the new view's
-// tables pushed; then it sends at once. See docs/ARCHITECTURE.md, "The
+// tables pushed; then it sends at once. See docs/AGENT.md, "The
 // agent's goroutines".
 type membership struct {
 	self        filter.NodeID

@@ -16,7 +16,7 @@ import (
 	"github.com/shoalnet/shoal/rules"
 )
 
-// Probes: the second channel of membership (docs/ARCHITECTURE.md, "One-way
+// Probes: the second channel of membership (docs/MEMBERSHIP.md, "One-way
 // faults"). A peer silent for T/2 periods is a suspect; the agent asks its
 // peer API whether it is alive and gives the answer to the machine
 // (Machine.Probe). A dead answer lets a view that dropped the peer be acted

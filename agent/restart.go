@@ -18,7 +18,7 @@ import (
 // all of it (restartRecord) in the host record. The next agent adopts the
 // pinned data plane, and its membership machine inherits the accepting set
 // the tables hold until it has settled among its peers. See
-// docs/ARCHITECTURE.md, "A restart that breaks no connection".
+// docs/AGENT.md, "A restart that breaks no connection".
 
 // Restart windows: what `shoal restart` asks for by default, and how long
 // an armed restart waits for the stop it applies to.

@@ -167,7 +167,7 @@ func Setup(cfg Config) (h *Host, err error) {
 // that rewrites the cluster MAC) answers nothing sent to the cluster MAC.
 // IPv6 needs nothing like arp_ignore: the kernel answers a Neighbor
 // Solicitation only for an address on the interface it arrived on, and the
-// VIPs are on lo (docs/ARCHITECTURE.md, checked in the lab).
+// VIPs are on lo (docs/AGENT.md, "IPv6 VIPs on the host", checked in the lab).
 var sysctls = []struct {
 	name, value string
 	restore     bool
