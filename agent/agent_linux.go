@@ -19,6 +19,7 @@ import (
 	"github.com/shoalnet/shoal/agent/health"
 	"github.com/shoalnet/shoal/agent/host"
 	"github.com/shoalnet/shoal/agent/metrics"
+	"github.com/shoalnet/shoal/agent/node"
 	"github.com/shoalnet/shoal/agent/statuspage"
 	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
@@ -39,10 +40,10 @@ type Agent struct {
 	sec   *security           // TLS identity, refusal counts, plug restore
 	hist  *statuspage.History // view changes and failovers, for the status page
 	self  filter.NodeID       // set once registered, before anything reads it
-	node  *node
+	node  *node.Node
 	// running is the node once it runs: probes of this node are answered
 	// alive from then on, unless its plug is pulled.
-	running atomic.Pointer[node]
+	running atomic.Pointer[node.Node]
 	link    *heartbeat.Transport // the node's; kept for key reloads
 	xdp     *filter.XDP
 	// restartArm is set by `shoal restart`; restarting once the node
@@ -157,11 +158,11 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 		return fmt.Errorf("heartbeat socket: %w", err)
 	}
 	a.hc = health.NewChecker(cfg.Health)
-	if inherit != nil && inherit.healthy {
+	if inherit != nil && inherit.Healthy() {
 		a.hc.AssumeHealthy()
 	}
 	eligible := false // as the host was last told, from OnPush's goroutine
-	a.node, err = newNode(nodeConfig{
+	a.node, err = node.New(node.Config{
 		Inherit: inherit,
 		Self:    a.self, Log: log, Link: link, Rules: a.store,
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
@@ -174,17 +175,17 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 				log.Warn("xdp heartbeat filter; heartbeats from anyone reach the socket", "err", err)
 			}
 		},
-		OnPush: func(s *memberSnap) {
-			if el := s.hb.View.Has(uint32(a.self)); el != eligible {
+		OnPush: func(s *node.Snap) {
+			if el := s.Heartbeat().View.Has(uint32(a.self)); el != eligible {
 				eligible = el
 				h.SetEligible(el)
 			}
-			if vc, ok := a.hist.Observe(time.Now(), statuspage.ViewState{View: s.hb.View, Converged: s.hb.Converged, Peers: s.hb.Peers}, nodeNamer(s.rs)); ok {
+			if vc, ok := a.hist.Observe(time.Now(), statuspage.ViewState{View: s.Heartbeat().View, Converged: s.Heartbeat().Converged, Peers: s.Heartbeat().Peers}, nodeNamer(s.Rules())); ok {
 				log.Info("view changed", "cause", vc.Cause, "from", vc.From, "to", vc.To, "rules_index", vc.RulesIndex)
 			}
 		},
 		Announce: h.Announce,
-		Probe:    peerAPICheck(newProbeClient(a.sec.certs)),
+		Probe:    control.PeerAPICheck(control.NewProbeClient(a.sec.certs)),
 		Finish: func(ctx context.Context) error {
 			_, err := a.store.Apply(ctx, &rules.SetAdminState{Node: a.self, State: rules.AdminStopped})
 			return err
@@ -195,7 +196,7 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 		return err
 	}
 	a.link = link
-	h.Start(life, a.node.poke)
+	h.Start(life, a.node.Poke)
 	cleanup(h.Stop)
 	a.probe = doctor.NewFrameProbe(cfg.Interface, a.store.State().Settings.ClusterID, h.MAC)
 	probeCtx, endProbe := context.WithCancel(life)
@@ -208,7 +209,7 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 	a.reloadOnSIGHUP(ctx)
 	go a.hc.Run(life, func(ok bool) {
 		log.Warn("health changed", "healthy", ok)
-		a.node.poke()
+		a.node.Poke()
 	})
 
 	ctlLn, err := control.ListenUnix(cfg.Socket)
@@ -261,7 +262,7 @@ func (a *Agent) runNode(ctx context.Context) error {
 	nctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	done := make(chan error, 1)
-	go func() { done <- a.node.run(nctx) }()
+	go func() { done <- a.node.Run(nctx) }()
 	a.running.Store(a.node)
 	select {
 	case err := <-done:
@@ -276,11 +277,11 @@ func (a *Agent) runNode(ctx context.Context) error {
 	}
 	hctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
 	start := time.Now()
-	ok := a.node.handoff(hctx)
+	ok := a.node.Handoff(hctx)
 	cancel()
 	took := time.Since(start)
 	cctx, cancel := context.WithTimeout(context.Background(), connsTimeout)
-	left := a.node.drained(cctx)
+	left := a.node.Drained(cctx)
 	cancel()
 	// The peers acquire once they hear this node's last heartbeat (it
 	// keeps nothing for them any more); its hand-overs bridge that, for a

@@ -133,8 +133,8 @@ func (a *Agent) Doctor(ctx context.Context, cluster bool) []doctor.Report {
 
 // doctorNode runs the checks of this node with the real probes.
 func (a *Agent) doctorNode(ctx context.Context) doctor.Report {
-	ms := a.node.mem.snap.Load()
-	st, hb := ms.rs, ms.hb
+	ms := a.node.Snap()
+	st, hb := ms.Rules(), ms.Heartbeat()
 	live := map[uint32][2]bool{}
 	for _, p := range hb.Peers {
 		live[p.ID] = [2]bool{p.Live, p.Hears}

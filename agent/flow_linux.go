@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/node"
 	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/rules"
@@ -14,9 +15,9 @@ import (
 // flow explains a flow from this node's rules and view; with peers, every
 // live node adds its own state for the flow's bucket.
 func (a *Agent) Flow(ctx context.Context, client, to netip.AddrPort, proto filter.Protocol, peers bool) (control.Flow, error) {
-	ms := a.node.mem.snap.Load()
-	fcfg, rs := ms.fcfg, ms.rs
-	view, converged := nodeIDs(ms.hb.View.Eligible), ms.hb.Converged
+	ms := a.node.Snap()
+	fcfg, rs := ms.Filter(), ms.Rules()
+	view, converged := node.NodeIDs(ms.Heartbeat().View.Eligible), ms.Heartbeat().Converged
 	name := func(id filter.NodeID) string {
 		if n := rs.Node(id); n != nil {
 			return n.Name
@@ -41,16 +42,16 @@ func (a *Agent) Flow(ctx context.Context, client, to netip.AddrPort, proto filte
 // tables the data plane has, and, from a socket scan made for the question,
 // whether the node holds connections in that bucket and this very one.
 func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) control.FlowNode {
-	ms, ds := a.node.mem.snap.Load(), a.node.rec.pub.Load()
+	ms, tables := a.node.Snap(), a.node.Tables()
 	fn := control.FlowNode{Name: a.cfg.NodeName}
-	id, bucket, ok := ms.fcfg.Locate(to.Addr(), proto, client.Addr(), client.Port(), to.Port())
+	id, bucket, ok := ms.Filter().Locate(to.Addr(), proto, client.Addr(), client.Port(), to.Port())
 	if ok {
 		fn.State = filter.NotOwned.String()
-		if t := ds.tables; t != nil && t.States[id] != nil {
+		if t := tables; t != nil && t.States[id] != nil {
 			fn.State = t.States[id][bucket].String()
 		}
 	}
-	fcfg, vips := ms.fcfg, ms.rs.VIPs
+	fcfg, vips := ms.Filter(), ms.Rules().VIPs
 	if !ok {
 		fn.Error = "not a flow to a VIP of this node's rules"
 		return fn

@@ -95,7 +95,7 @@ func (a *Agent) peerHandler() http.Handler {
 	a.doctorPeerHandlers(mux)
 	mux.Handle("GET /v1/peer/sample", a.store.Authorize(rules.MembersOnly, a.once(a.sampleHandler())))
 	mux.Handle("GET /v1/peer/flow", a.store.Authorize(rules.MembersOnly, a.once(a.flowPeerHandler())))
-	mux.Handle("GET "+pathAlive, a.store.Authorize(rules.MembersOnly, aliveHandler(a.outOfMembership)))
+	mux.Handle("GET "+control.PathAlive, a.store.Authorize(rules.MembersOnly, control.AliveHandler(a.outOfMembership)))
 	mux.Handle("GET /v1/peer/status", a.store.Authorize(rules.MembersOnly, a.once(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		control.WriteJSON(w, http.StatusOK, a.Status())
 	}))))
@@ -109,7 +109,7 @@ func (a *Agent) peerHandler() http.Handler {
 // to the replicated store, which is there already.
 func (a *Agent) once(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n := a.running.Load(); r.Method == http.MethodGet && (n == nil || n.mem.snap.Load() == nil) {
+		if n := a.running.Load(); r.Method == http.MethodGet && (n == nil || n.Snap() == nil) {
 			w.Header().Set("Retry-After", "1")
 			control.WriteJSON(w, http.StatusServiceUnavailable, control.APIError{Error: "the agent is starting; ask again in a moment"})
 			return
@@ -148,6 +148,6 @@ func (a *Agent) outOfMembership() bool {
 	if n == nil {
 		return true
 	}
-	s := n.mem.snap.Load()
-	return s == nil || s.plugged
+	s := n.Snap()
+	return s == nil || s.Plugged()
 }

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/agent/control"
-	"github.com/shoalnet/shoal/agent/host"
-	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
 )
 
@@ -26,57 +24,6 @@ const (
 	restartArmFor     = time.Minute
 	restartAckTimeout = time.Second // the stopping node waits this long for every peer to hear its window
 )
-
-// kernelState is what the tables in the kernel were computed from.
-type kernelState struct {
-	ok                      bool
-	accept                  filter.Grant
-	peersDraining, draining filter.Set
-	healthy                 bool
-}
-
-// inheritance is what the first membership machine of a restarted agent
-// starts from (heartbeat.Machine.Inherit).
-type inheritance struct {
-	accept        filter.Grant
-	peersDraining filter.Set
-	until         time.Time
-	healthy       bool // the node was healthy when the previous agent stopped
-}
-
-// inheritFrom returns the inheritance a restart record gives under the
-// current rules: only the buckets of rules whose mapping is unchanged (or
-// only narrower) mean the same flows; until is when the lease ends.
-func inheritFrom(rr *host.RestartRecord, cfg *filter.Config, until time.Time) *inheritance {
-	return &inheritance{accept: rr.Accept.Intersect(everything(cfg)), peersDraining: rr.PeersDraining, until: until, healthy: rr.Healthy}
-}
-
-// everything grants every bucket of every rule of cfg.
-func everything(cfg *filter.Config) filter.Grant {
-	g := filter.Grant{Buckets: filter.Set{}, Maps: cfg.Mappings()}
-	for _, id := range cfg.RuleIDs() {
-		g.Buckets[id] = full()
-	}
-	return g
-}
-
-// union returns the buckets in a or b; either may be nil.
-func union(a, b filter.Set) filter.Set {
-	out := filter.Set{}
-	for _, s := range []filter.Set{a, b} {
-		for id, m := range s {
-			o := out[id]
-			if o == nil {
-				o = new(filter.Bitmap)
-				out[id] = o
-			}
-			for i := range o {
-				o[i] |= m[i]
-			}
-		}
-	}
-	return out
-}
 
 // restartArm is an armed restart: the next stop within its time is one.
 type restartArm struct {

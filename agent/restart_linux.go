@@ -12,6 +12,7 @@ import (
 
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/agent/host"
+	"github.com/shoalnet/shoal/agent/node"
 	"github.com/shoalnet/shoal/filter"
 )
 
@@ -55,7 +56,7 @@ func (a *Agent) stopForRestart(window time.Duration, stopNode func() error) (boo
 	}
 	start := time.Now()
 	actx, cancel := context.WithTimeout(context.Background(), restartAckTimeout)
-	acked := a.node.announceRestart(actx, window)
+	acked := a.node.AnnounceRestart(actx, window)
 	cancel()
 	if !acked {
 		// A live peer that did not hear the window would take this node's
@@ -64,10 +65,10 @@ func (a *Agent) stopForRestart(window time.Duration, stopNode func() error) (boo
 		return false, nil // Close unpins
 	}
 	err := stopNode()
-	st := a.node.rec.kernel()
+	accept, peersDraining, draining, healthy := a.node.Held()
 	rr := &host.RestartRecord{BootID: host.BootID(), PinDir: dir, Pinned: a.xdp.Pinned(),
-		LeaseEnd: start.Add(window - a.node.mem.machinePeriod()),
-		Accept:   st.accept, PeersDraining: st.peersDraining, Draining: st.draining, Healthy: st.healthy}
+		LeaseEnd: start.Add(window - a.node.Period()),
+		Accept:   accept, PeersDraining: peersDraining, Draining: draining, Healthy: healthy}
 	if rerr := a.host.SetRestart(rr); rerr != nil {
 		// Without the record the next agent cannot adopt: detach as usual
 		// (the peers take over when the window ends).
@@ -83,7 +84,7 @@ func (a *Agent) stopForRestart(window time.Duration, stopNode func() error) (boo
 // previous agent pinned for a restart, or loads a fresh one; it returns
 // what the first membership machine inherits (nil: nothing) and pushes
 // first tables unless adopted ones are kept.
-func (a *Agent) startFromRestart(h *host.Host) (*filter.XDP, dataplane, *inheritance, error) {
+func (a *Agent) startFromRestart(h *host.Host) (*filter.XDP, node.Dataplane, *node.Inheritance, error) {
 	rr := h.TakeRestart()
 	var pinned *filter.Pinned
 	if rr != nil {
@@ -95,20 +96,20 @@ func (a *Agent) startFromRestart(h *host.Host) (*filter.XDP, dataplane, *inherit
 	}
 	dp := macTracker{xdp, h}
 	fcfg := a.store.State().FilterConfig()
-	var in *inheritance
+	var in *node.Inheritance
 	switch {
 	case rr != nil && ad.Tables && ad.Lease > 0:
 		// The tables stay as they are: the first push is membership's,
 		// from the inherited set.
 		h.Pushed(ad.MAC)
-		in = inheritFrom(rr, fcfg, time.Now().Add(ad.Lease))
-		a.log.Info("adopted the pinned data plane", "lease_left", ad.Lease.Round(time.Millisecond), "accepting", in.accept.Buckets.Count())
+		in = node.InheritFrom(rr, fcfg, time.Now().Add(ad.Lease))
+		a.log.Info("adopted the pinned data plane", "lease_left", ad.Lease.Round(time.Millisecond), "accepting", in.Accepting().Buckets.Count())
 		return xdp, dp, in, nil
 	case rr != nil && time.Until(rr.LeaseEnd) > 0:
 		// Another program: the same tables rebuilt, the same lease.
-		in = inheritFrom(rr, fcfg, rr.LeaseEnd)
-		a.log.Warn("pinned tables not adopted; rebuilt from the restart record", "why", ad.Why, "accepting", in.accept.Buckets.Count())
-		t := filter.NewTables(fcfg, a.self, in.accept.Buckets, in.peersDraining, rr.Draining.Minus(in.accept.Buckets))
+		in = node.InheritFrom(rr, fcfg, rr.LeaseEnd)
+		a.log.Warn("pinned tables not adopted; rebuilt from the restart record", "why", ad.Why, "accepting", in.Accepting().Buckets.Count())
+		t := filter.NewTables(fcfg, a.self, in.Accepting().Buckets, in.PeersDraining(), rr.Draining.Minus(in.Accepting().Buckets))
 		if err := dp.Update(t, h.MAC()); err != nil {
 			xdp.Close()
 			return nil, nil, nil, fmt.Errorf("xdp tables: %w", err)
@@ -133,12 +134,12 @@ func (a *Agent) startFromRestart(h *host.Host) (*filter.XDP, dataplane, *inherit
 // macTracker tells the host the MAC of every table push, so that a data
 // plane still rewriting to an old MAC makes the node unhealthy.
 type macTracker struct {
-	dataplane
+	node.Dataplane
 	h *host.Host
 }
 
 func (m macTracker) Update(t *filter.Tables, ifMAC net.HardwareAddr) error {
-	if err := m.dataplane.Update(t, ifMAC); err != nil {
+	if err := m.Dataplane.Update(t, ifMAC); err != nil {
 		return err
 	}
 	m.h.Pushed(ifMAC)

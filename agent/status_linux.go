@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/agent/node"
 	"github.com/shoalnet/shoal/filter"
 )
 
@@ -44,7 +45,7 @@ func (a *Agent) Leave(ctx context.Context) error { return a.store.Leave(ctx) }
 // node listens before it takes anything, exactly as a node whose cable
 // comes back after a restart.
 func (a *Agent) setPlug(ctx context.Context, r control.PlugRequest) error {
-	return a.node.mem.setPlug(ctx, r.Pulled)
+	return a.node.SetPlug(ctx, r.Pulled)
 }
 
 // status is the node's published state, with what only the Agent knows.
@@ -70,10 +71,10 @@ func (a *Agent) Status() control.Status {
 }
 
 func (a *Agent) Query() control.Query {
-	ms := a.node.mem.snap.Load()
-	rs, hb, self := ms.rs, ms.hb, a.self
-	owners := filter.Assign(ms.fcfg, nodeIDs(hb.View.Eligible))
-	q := control.Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: settingInfo(rs.Settings)}
+	ms := a.node.Snap()
+	rs, hb, self := ms.Rules(), ms.Heartbeat(), a.self
+	owners := filter.Assign(ms.Filter(), node.NodeIDs(hb.View.Eligible))
+	q := control.Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: control.SettingsOf(rs.Settings)}
 	q.Leader, _ = a.store.Leader()
 	for _, v := range rs.VIPs {
 		q.VIPs = append(q.VIPs, v.String())
@@ -123,26 +124,26 @@ func (a *Agent) Simulate(client, to netip.AddrPort, proto string) (control.Simul
 	if err != nil || p == filter.ProtoBoth {
 		return control.Simulation{}, control.BadRequest("proto %q: want tcp or udp", proto)
 	}
-	ms, ds := a.node.mem.snap.Load(), a.node.rec.pub.Load()
-	id, bucket, ok := ms.fcfg.Locate(to.Addr(), p, client.Addr(), client.Port(), to.Port())
+	ms, tables := a.node.Snap(), a.node.Tables()
+	id, bucket, ok := ms.Filter().Locate(to.Addr(), p, client.Addr(), client.Port(), to.Port())
 	if !ok {
 		return control.Simulation{}, control.BadRequest("%s is not a VIP of this cluster, or %s is not IPv4", to.Addr(), client.Addr())
 	}
 	name := func(n filter.NodeID) string {
-		if node := ms.rs.Node(n); node != nil {
+		if node := ms.Rules().Node(n); node != nil {
 			return node.Name
 		}
 		return ""
 	}
-	view := nodeIDs(ms.hb.View.Eligible)
+	view := node.NodeIDs(ms.Heartbeat().View.Eligible)
 	sim := control.Simulation{Rule: id, Bucket: bucket, IfDown: map[string]string{}}
-	sim.Owner = name(filter.Assign(ms.fcfg, view).Rules[id][bucket])
-	if t := ds.tables; t != nil {
+	sim.Owner = name(filter.Assign(ms.Filter(), view).Rules[id][bucket])
+	if t := tables; t != nil {
 		sim.Here = t.States[id][bucket].String()
 	}
 	for _, down := range view {
 		rest := slices.DeleteFunc(slices.Clone(view), func(n filter.NodeID) bool { return n == down })
-		sim.IfDown[name(down)] = name(filter.Assign(ms.fcfg, rest).Rules[id][bucket])
+		sim.IfDown[name(down)] = name(filter.Assign(ms.Filter(), rest).Rules[id][bucket])
 	}
 	return sim, nil
 }

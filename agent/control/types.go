@@ -6,6 +6,7 @@ import (
 	"github.com/shoalnet/shoal/agent/config"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
 )
 
 // Status is one node's own view of itself, as `shoal status` prints it.
@@ -227,3 +228,8 @@ type Simulation struct {
 // DefaultRestartWindow is the restart window `shoal restart` asks for
 // unless told otherwise.
 const DefaultRestartWindow = heartbeat.MaxRestartWindow
+
+// SettingsOf is the cluster settings s as the API shows them.
+func SettingsOf(s rules.Settings) SettingInfo {
+	return SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance, MACMode: s.MACMode.String()}
+}

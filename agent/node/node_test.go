@@ -1,4 +1,4 @@
-package agent
+package node
 
 import (
 	"context"
@@ -123,7 +123,7 @@ type testNode struct {
 	scans  atomic.Uint64
 	onScan atomic.Pointer[func()] // called as each scan begins
 	finish atomic.Pointer[func()] // called when the node asks to be stopped after a drain
-	n      *node
+	n      *Node
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -173,7 +173,7 @@ func (c *testCluster) start(i int) *testNode {
 	if testing.Verbose() {
 		log = slog.Default().With("node", i)
 	}
-	n, err := newNode(nodeConfig{Self: tn.id, Incarnation: testIncarnation, Log: log, Link: tn.link, Rules: c.rules,
+	n, err := New(Config{Self: tn.id, Incarnation: testIncarnation, Log: log, Link: tn.link, Rules: c.rules,
 		Dataplane: tn.dp, MAC: func() net.HardwareAddr { return testMAC(i) },
 		Neighbors: func() map[netip.Addr]net.HardwareAddr {
 			out := map[netip.Addr]net.HardwareAddr{}
@@ -202,7 +202,7 @@ func (c *testCluster) start(i int) *testNode {
 	tn.n = n
 	ctx, cancel := context.WithCancel(context.Background())
 	tn.cancel, tn.done = cancel, make(chan error, 1)
-	go func() { tn.done <- n.run(ctx) }()
+	go func() { tn.done <- n.Run(ctx) }()
 	c.t.Cleanup(func() {
 		cancel()
 		if err := <-tn.done; err != nil {
@@ -317,7 +317,7 @@ func TestGracefulStopHandsOff(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		done <- n3.n.handoff(ctx)
+		done <- n3.n.Handoff(ctx)
 	}()
 	var ok bool
 	c.await("the handoff", 5*time.Second, func() bool {

@@ -1,4 +1,4 @@
-package agent
+package node
 
 import (
 	"cmp"
@@ -23,7 +23,7 @@ import (
 // membership owns the heartbeat machine: it receives heartbeats, ticks,
 // applies rules and local changes, and sends heartbeats on time. It never
 // waits for a socket scan, a table push, Raft or an API caller: it hands a
-// memberSnap to the data plane and learns from a pushReport what the kernel
+// Snap to the data plane and learns from a pushReport what the kernel
 // holds. It reads the heartbeat socket itself, with its next deadline as
 // the read deadline; whoever hands it anything else interrupts the read
 // (an idle agent then wakes once per heartbeat, not twice).
@@ -55,12 +55,12 @@ type membership struct {
 	machine      *heartbeat.Machine[*lazySet]
 	rs           *rules.State
 	cfgs         map[uint64]*filter.Config // by rules index: owned(v) uses v's rules
-	inheritDirty filter.Set                // see memberSnap.inheritedDirty
+	inheritDirty filter.Set                // see Snap.inheritedDirty
 	assigner     *sharedAssigner
 	plugged      bool
 	leaving      bool             // a graceful stop: advertise stopped, hand off
 	handoffs     []chan struct{}  // closed once every live peer's view leaves this node out
-	inherit      *inheritance     // what the previous agent left, for the first machine; then nil
+	inherit      *Inheritance     // what the previous agent left, for the first machine; then nil
 	restartW     time.Duration    // a restart window announced (0: none)
 	restarts     []chan struct{}  // closed once every live peer acknowledged the window
 	inKernel     pushReport       // the last successful push
@@ -71,12 +71,12 @@ type membership struct {
 	lastView     heartbeat.View   // the view the last heartbeat advertised
 	sentKeeping  bool             // the last heartbeat said Keeping
 	peers        []netip.AddrPort // heartbeat addresses of the other registered nodes
-	gen          uint64           // of the last published memberSnap
+	gen          uint64           // of the last published Snap
 	published    uint64           // machine version last published
-	snap         atomic.Pointer[memberSnap]
-	toDP         *mailbox.Box[*memberSnap] // to the data plane
-	probes       *prober                   // probes suspects; nil: none (tests)
-	timing       heartbeat.Config          // the machine's timing last seen (logged when it changes)
+	snap         atomic.Pointer[Snap]
+	toDP         *mailbox.Box[*Snap] // to the data plane
+	probes       *prober             // probes suspects; nil: none (tests)
+	timing       heartbeat.Config    // the machine's timing last seen (logged when it changes)
 }
 
 // hbLink is what membership needs of the heartbeat transport.
@@ -101,9 +101,9 @@ type rulesSource interface {
 	Subscribe() (<-chan struct{}, func())
 }
 
-// memberSnap is what membership publishes after every change, for the data
+// Snap is what membership publishes after every change, for the data
 // plane and the APIs. It is immutable once published.
-type memberSnap struct {
+type Snap struct {
 	gen        uint64
 	rs         *rules.State   // rs.Index == hb.View.RulesIndex: the view's own rules
 	fcfg       *filter.Config // rs.FilterConfig()
@@ -119,11 +119,23 @@ type memberSnap struct {
 	inheritedDirty filter.Set
 }
 
-// pushReport is the data plane's answer to a memberSnap.
+// Rules is the rules state of the snapshot's view.
+func (s *Snap) Rules() *rules.State { return s.rs }
+
+// Filter is the ownership function's configuration under those rules.
+func (s *Snap) Filter() *filter.Config { return s.fcfg }
+
+// Heartbeat is the machine's status: the view, the peers, convergence.
+func (s *Snap) Heartbeat() heartbeat.Status[*lazySet] { return s.hb }
+
+// Plugged reports whether the node's virtual plug is pulled.
+func (s *Snap) Plugged() bool { return s.plugged }
+
+// pushReport is the data plane's answer to a Snap.
 type pushReport struct {
-	snap     *memberSnap // what the tables were computed from
-	ok       bool        // the tables are in the kernel
-	healthy  bool        // the data plane took every push lately (hold-down after a failure)
+	snap     *Snap // what the tables were computed from
+	ok       bool  // the tables are in the kernel
+	healthy  bool  // the data plane took every push lately (hold-down after a failure)
 	draining heartbeat.Buckets
 	conns    int
 	keeping  bool // the tables keep taking SYNs in buckets the view gave peers not ready yet
@@ -134,7 +146,7 @@ func newMembership(self filter.NodeID, incarnation func() (uint64, error), log *
 		self: self, incarnation: incarnation, log: log, link: link, rules: rs, health: health, now: time.Now,
 		onRules: func(*rules.State) {}, renew: func(time.Duration) error { return nil },
 		reports: mailbox.New[pushReport](), ctl: make(chan func(), 16), wake: make(chan struct{}, 1), stopped: make(chan struct{}),
-		cfgs: map[uint64]*filter.Config{}, assigner: &sharedAssigner{}, dpHealthy: true, toDP: mailbox.New[*memberSnap](),
+		cfgs: map[uint64]*filter.Config{}, assigner: &sharedAssigner{}, dpHealthy: true, toDP: mailbox.New[*Snap](),
 	}
 	m.reports.Notify = m.interrupt
 	return m
@@ -506,7 +518,7 @@ func (m *membership) publish() {
 	}
 	m.published = v
 	m.gen++
-	s := &memberSnap{gen: m.gen, rs: m.rs, fcfg: m.cfgs[m.rs.Index], hb: m.machine.Status(),
+	s := &Snap{gen: m.gen, rs: m.rs, fcfg: m.cfgs[m.rs.Index], hb: m.machine.Status(),
 		admin: m.admin(), replicated: m.replicatedAdmin(), healthy: healthy, plugged: m.plugged, leaving: m.leaving}
 	if s.hb.Inheriting {
 		s.inheritedDirty = m.inheritDirty
@@ -528,7 +540,7 @@ func (m *membership) publish() {
 // logStep logs, at debug, the steps of a handoff: a view adopted, the
 // view converged (the accepting set acquired). Wall times, to the
 // microsecond, so that the nodes' logs line up.
-func (m *membership) logStep(old, s *memberSnap) {
+func (m *membership) logStep(old, s *Snap) {
 	now := m.now()
 	if old == nil || !old.hb.View.Equal(s.hb.View) {
 		m.log.Debug("view adopted", "at", stamp(now), "gen", s.gen, "view", s.hb.View.Eligible, "rules", s.hb.View.RulesIndex)
@@ -645,6 +657,9 @@ func (m *membership) poke() {
 	}
 	m.interrupt()
 }
+
+// NodeIDs converts the heartbeat's node ids to the filter's.
+func NodeIDs(ids []uint32) []filter.NodeID { return nodeIDs(ids) }
 
 func nodeIDs(ids []uint32) []filter.NodeID {
 	out := make([]filter.NodeID, len(ids))

@@ -1,11 +1,7 @@
-package agent
+package node
 
 import (
 	"context"
-	"net"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,104 +29,6 @@ func TestProbeTimeout(t *testing.T) {
 				t.Errorf("a probe may end at %v, not before death at T periods", end)
 			}
 		})
-	}
-}
-
-// tlsPeer serves h over TLS on loopback and returns its address and a
-// client trusting it, without keep-alives as the agent's probe client.
-func tlsPeer(t *testing.T, h http.Handler) (string, *http.Client) {
-	t.Helper()
-	ts := httptest.NewTLSServer(h)
-	t.Cleanup(ts.Close)
-	c := ts.Client()
-	c.Transport.(*http.Transport).DisableKeepAlives = true
-	return ts.Listener.Addr().String(), c
-}
-
-// TestPeerAPICheck probes real sockets on loopback: a live node, a plugged
-// one, one whose API is gone, one that accepts TCP and then says nothing,
-// and a peer of an older release without the endpoint.
-func TestPeerAPICheck(t *testing.T) {
-	const timeout = 200 * time.Millisecond
-	_, client := tlsPeer(t, http.NotFoundHandler()) // any TLS server's client will do for the raw cases
-	mux := func(plugged bool) http.Handler {
-		m := http.NewServeMux()
-		m.Handle("GET "+pathAlive, aliveHandler(func() bool { return plugged }))
-		return m
-	}
-
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadAddr := dead.Addr().String()
-	dead.Close()
-
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held sync.WaitGroup
-	t.Cleanup(func() { silent.Close(); held.Wait() })
-	held.Add(1)
-	go func() {
-		defer held.Done()
-		var conns []net.Conn
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := silent.Accept() // and never answer the handshake
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-
-	for _, tc := range []struct {
-		name   string
-		addr   func() (string, *http.Client)
-		want   heartbeat.ProbeResult
-		within time.Duration
-	}{
-		{"alive", func() (string, *http.Client) { return tlsPeer(t, mux(false)) }, heartbeat.ProbeAlive, timeout},
-		{"plugged: gone", func() (string, *http.Client) { return tlsPeer(t, mux(true)) }, heartbeat.ProbeGone, timeout},
-		{"older peer without the endpoint", func() (string, *http.Client) { return tlsPeer(t, http.NotFoundHandler()) }, heartbeat.ProbeAlive, timeout},
-		{"connection refused: gone", func() (string, *http.Client) { return deadAddr, client }, heartbeat.ProbeGone, timeout},
-		{"accepts, never answers (stalled): silent", func() (string, *http.Client) { return silent.Addr().String(), client }, heartbeat.ProbeSilent, timeout + 300*time.Millisecond},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			addr, c := tc.addr()
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			start := time.Now()
-			got := peerAPICheck(c)(ctx, addr)
-			if took := time.Since(start); took > tc.within {
-				t.Errorf("probe took %v, want at most %v", took, tc.within)
-			}
-			if got != tc.want {
-				t.Errorf("probe result %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestAliveHandler(t *testing.T) {
-	for _, tc := range []struct {
-		plugged bool
-		code    int
-	}{{false, http.StatusOK}, {true, http.StatusServiceUnavailable}} {
-		w := httptest.NewRecorder()
-		aliveHandler(func() bool { return tc.plugged }).ServeHTTP(w, httptest.NewRequest(http.MethodGet, pathAlive, nil))
-		if w.Code != tc.code {
-			t.Errorf("plugged %v: status %d, want %d", tc.plugged, w.Code, tc.code)
-		}
-		if tc.plugged && !strings.Contains(w.Body.String(), "plug") {
-			t.Errorf("plugged: body %q does not say why", w.Body.String())
-		}
 	}
 }
 

@@ -1,19 +1,12 @@
-package agent
+package node
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"io"
-	"net/http"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
-	"github.com/shoalnet/shoal/rules"
 )
 
 // Probes: the second channel of membership (docs/MEMBERSHIP.md, "One-way
@@ -23,63 +16,9 @@ import (
 // on at once; an alive one keeps a node that hears nobody (deaf) from
 // taking every bucket.
 
-// pathAlive is the peer API endpoint probes ask: 200 while the node takes
-// part in membership, 503 while its virtual plug is pulled (a plug cuts
-// heartbeats and must look like a pulled cable to probes too).
-const pathAlive = "/v1/peer/alive"
-
-// aliveHandler answers probes: alive unless off() says the node takes no
-// part in membership (its virtual plug is pulled, or it has not started).
-func aliveHandler(off func() bool) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if off() {
-			control.WriteJSON(w, http.StatusServiceUnavailable, control.APIError{Error: "not in membership: virtual plug pulled or not started"})
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(struct{ Alive bool }{true})
-	})
-}
-
 // probeCheck asks the peer API at api (host:port) whether its node is
 // alive, giving up when ctx ends.
 type probeCheck func(ctx context.Context, api string) heartbeat.ProbeResult
-
-// newProbeClient returns the agent's peer client for probes: mutual TLS,
-// and a fresh connection every time, so that a probe tests that the peer
-// accepts connections now, not that an old one is still open.
-func newProbeClient(certs *rules.Certs) *http.Client {
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: certs.ClientConfig(), DisableKeepAlives: true}}
-}
-
-// peerAPICheck probes with a GET of pathAlive: a node is alive when its
-// peer API answers anything but 503 in time (a peer without the endpoint,
-// of an older release, answers 404: it is up). It is gone when nothing
-// listens there (the connection is refused: no agent runs, so no XDP
-// program serves its connections either) or it answers 503 (its plug is
-// pulled); any other failure (a timeout, a TLS handshake that never ends:
-// a stalled agent, a lost host) leaves it silent.
-func peerAPICheck(client *http.Client) probeCheck {
-	return func(ctx context.Context, api string) heartbeat.ProbeResult {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rules.PeerURL(api, pathAlive), nil)
-		if err != nil {
-			return heartbeat.ProbeSilent
-		}
-		resp, err := client.Do(req)
-		switch {
-		case errors.Is(err, syscall.ECONNREFUSED):
-			return heartbeat.ProbeGone
-		case err != nil:
-			return heartbeat.ProbeSilent
-		}
-		defer resp.Body.Close()
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		if resp.StatusCode == http.StatusServiceUnavailable {
-			return heartbeat.ProbeGone
-		}
-		return heartbeat.ProbeAlive
-	}
-}
 
 // probeTimeout is how long a probe may take: it starts when the peer has
 // been silent for T/2 periods and must answer a period before the peer

@@ -1,4 +1,4 @@
-package agent
+package node
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	"github.com/shoalnet/shoal/rules"
 )
 
-// dataplane is what the agent needs of the XDP program.
-type dataplane interface {
+// Dataplane is what the agent needs of the XDP program.
+type Dataplane interface {
 	Update(t *filter.Tables, ifMAC net.HardwareAddr) error
 	Counters() (filter.Counters, error)
 }
@@ -36,14 +36,14 @@ type dataplane interface {
 type reconciler struct {
 	self     filter.NodeID
 	log      *slog.Logger
-	dp       dataplane
+	dp       Dataplane
 	mac      func() net.HardwareAddr // the interface's MAC, which accepted frames get
 	trk      *track.Tracker
 	wake     chan struct{}
-	in       *mailbox.Box[*memberSnap] // from membership
-	out      *mailbox.Box[pushReport]  // to membership
-	announce func()                    // gratuitous ARP after a view change
-	onPush   func(s *memberSnap)
+	in       *mailbox.Box[*Snap]      // from membership
+	out      *mailbox.Box[pushReport] // to membership
+	announce func()                   // gratuitous ARP after a view change
+	onPush   func(s *Snap)
 	finish   func(ctx context.Context) error
 	now      func() time.Time
 	// neighbors returns the MACs the host knows for its neighbours'
@@ -55,7 +55,7 @@ type reconciler struct {
 	pub      atomic.Pointer[dataSnap]
 
 	// Owned by the goroutine.
-	snap        *memberSnap
+	snap        *Snap
 	held        track.Held
 	heldFresh   bool // held changed since the last push
 	scannedView heartbeat.View
@@ -63,9 +63,9 @@ type reconciler struct {
 	pushedGen   uint64
 	pushedMAC   string
 	pushedView  heartbeat.View
-	pushedSnap  *memberSnap // the snapshot the kernel's tables came from
-	epoch       uint64      // counts tables that released buckets; held is of the latest
-	rescan      bool        // the tables of epoch need a scan once they are in
+	pushedSnap  *Snap  // the snapshot the kernel's tables came from
+	epoch       uint64 // counts tables that released buckets; held is of the latest
+	rescan      bool   // the tables of epoch need a scan once they are in
 	last        plan
 	tablesIndex uint64
 	healthy     bool
@@ -113,10 +113,10 @@ const (
 	stopRetry      = 10 * time.Second // a drained node asks again to be stopped
 )
 
-func newReconciler(self filter.NodeID, log *slog.Logger, dp dataplane, mac func() net.HardwareAddr, trk *track.Tracker,
-	in *mailbox.Box[*memberSnap], out *mailbox.Box[pushReport]) *reconciler {
+func newReconciler(self filter.NodeID, log *slog.Logger, dp Dataplane, mac func() net.HardwareAddr, trk *track.Tracker,
+	in *mailbox.Box[*Snap], out *mailbox.Box[pushReport]) *reconciler {
 	r := &reconciler{self: self, log: log, dp: dp, mac: mac, trk: trk, in: in, out: out, wake: make(chan struct{}, 1),
-		announce: func() {}, onPush: func(*memberSnap) {}, finish: func(context.Context) error { return nil }, now: time.Now, healthy: true}
+		announce: func() {}, onPush: func(*Snap) {}, finish: func(context.Context) error { return nil }, now: time.Now, healthy: true}
 	r.pub.Store(&dataSnap{healthy: true})
 	return r
 }
@@ -270,7 +270,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 // refused handles a push the data plane did not take: the kernel keeps the
 // previous tables, membership keeps advertising what they match and takes
 // the node out of the eligible set.
-func (r *reconciler) refused(now time.Time, s *memberSnap, err error) {
+func (r *reconciler) refused(now time.Time, s *Snap, err error) {
 	r.failures.Add(1)
 	r.healthy, r.failedAt = false, now
 	r.backoff = min(max(2*r.backoff, minPushBackoff), maxPushBackoff)
@@ -315,7 +315,7 @@ func (r *reconciler) wakeIn(now time.Time) time.Duration {
 // that an owner that cannot (a one-way fault) holds up nobody's
 // convergence for long; past it the buckets are released as without
 // keeping, and their SYNs dropped until the owner acquires.
-func keepFor(s *memberSnap) time.Duration {
+func keepFor(s *Snap) time.Duration {
 	return s.rs.Settings.HeartbeatPeriod * time.Duration(max(s.rs.Settings.HeartbeatTolerance/2, 1))
 }
 
@@ -338,7 +338,7 @@ const handGrace = 3
 // node keeps this view is its owner in the view (acquisition waits for
 // this node to advertise the view), which is where the SYNs go. A newer
 // view hands over only what it releases itself (docs/ARCHITECTURE.md).
-func (r *reconciler) handOver(now time.Time, s *memberSnap, t *filter.Tables, accept filter.Set) *hands {
+func (r *reconciler) handOver(now time.Time, s *Snap, t *filter.Tables, accept filter.Set) *hands {
 	if r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended {
 		r.released, r.handUntil = nil, time.Time{}
 		return nil
@@ -461,7 +461,7 @@ func (h *hands) index(o filter.NodeID) uint8 {
 // the kernel at the change, whatever they came from: their states are
 // what this node took SYNs by, and another node took none of those flows
 // by its own, at any time the first could have.
-func (r *reconciler) followPrev(now time.Time, s *memberSnap) {
+func (r *reconciler) followPrev(now time.Time, s *Snap) {
 	last := r.last.tables
 	if r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended || s.hb.Inheriting || last == nil {
 		r.prev, r.prevUntil = nil, time.Time{}
@@ -493,7 +493,7 @@ func (r *reconciler) followPrev(now time.Time, s *memberSnap) {
 // advertises the view, and so holds the bucket pending; and until then
 // (for keepFor at most) kept here (HandKeep), which the node advertises as
 // keeping. It reports whether any bucket is kept.
-func (r *reconciler) keepRemapped(now time.Time, s *memberSnap, t *filter.Tables, remapped map[filter.RuleID]bool, h *hands) bool {
+func (r *reconciler) keepRemapped(now time.Time, s *Snap, t *filter.Tables, remapped map[filter.RuleID]bool, h *hands) bool {
 	if len(remapped) == 0 || h == nil || h.owners == nil {
 		return false
 	}
@@ -532,7 +532,7 @@ func (r *reconciler) keepRemapped(now time.Time, s *memberSnap, t *filter.Tables
 // that no node acquires before it lets them go; once their owners
 // advertise the view it releases them and hands their SYNs over. Only
 // where hand-overs run, and only buckets that still mean the same flows.
-func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) filter.Set {
+func (r *reconciler) keeping(now time.Time, s *Snap, accept filter.Set) filter.Set {
 	last := r.last.tables
 	r.keepUntil = s.hb.AdoptedAt.Add(keepFor(s))
 	if last == nil || r.neighbors == nil || s.plugged || s.admin == rules.AdminStopped || s.admin == rules.AdminSuspended ||
@@ -572,7 +572,7 @@ func (r *reconciler) keeping(now time.Time, s *memberSnap, accept filter.Set) fi
 // readyPeers returns, per peer, whether it is live and advertises this
 // node's view: its tables then hold the buckets the view gives it pending,
 // so a SYN handed over to it is taken.
-func readyPeers(s *memberSnap) map[filter.NodeID]bool {
+func readyPeers(s *Snap) map[filter.NodeID]bool {
 	ready := map[filter.NodeID]bool{}
 	for _, p := range s.hb.Peers {
 		ready[filter.NodeID(p.ID)] = p.Live && p.View.Equal(s.hb.View)
@@ -642,7 +642,7 @@ func (r *reconciler) publish() {
 // they let it answer) found none. It waits for its view (without it) to
 // converge too: the stop is a rules change, which would make the members
 // converge again, and the buckets they are acquiring wait for that.
-func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *memberSnap) {
+func (r *reconciler) finishDrain(ctx context.Context, now time.Time, s *Snap) {
 	n := s.rs.Node(r.self)
 	if n == nil || n.Admin != rules.AdminDraining {
 		r.stopAsked = time.Time{}

@@ -1,4 +1,4 @@
-package agent
+package node
 
 import (
 	"context"
@@ -15,34 +15,34 @@ import (
 	"github.com/shoalnet/shoal/rules"
 )
 
-// node is an agent's running core: the membership, data-plane and tracking
+// Node is an agent's running core: the membership, data-plane and tracking
 // goroutines and the heartbeat receiver, wired one way (membership ->
 // reconciler -> kernel, tracker -> reconciler, reconciler's reports ->
 // membership) through mailboxes that never block the sender. Run builds it
 // around the host; tests build it around fakes.
-type node struct {
+type Node struct {
 	self filter.NodeID
 	log  *slog.Logger
 	link *heartbeat.Transport
-	dp   dataplane
+	dp   Dataplane
 	mem  *membership
 	rec  *reconciler
 	trk  *track.Tracker
 }
 
-// nodeConfig is what a node is made of.
-type nodeConfig struct {
+// Config is what a node is made of.
+type Config struct {
 	Self        filter.NodeID
 	Incarnation func() (uint64, error) // for every new machine (start, plug put back)
 	Log         *slog.Logger
 	Link        *heartbeat.Transport // the node closes it when it stops
 	Rules       rulesSource
-	Dataplane   dataplane
+	Dataplane   Dataplane
 	MAC         func() net.HardwareAddr // the interface's MAC, which accepted frames get
 	Scan        func(vips []netip.Addr) ([]track.Conn, error)
 	Health      func() bool           // the node's health; nil is always healthy
 	OnRules     func(st *rules.State) // told of every rules state applied; must not block
-	OnPush      func(s *memberSnap)   // told of every snapshot whose tables went in
+	OnPush      func(s *Snap)         // told of every snapshot whose tables went in
 	// RenewLease extends the data plane's lease on its owned buckets by d;
 	// membership calls it with every heartbeat it sends.
 	RenewLease func(d time.Duration) error
@@ -55,10 +55,10 @@ type nodeConfig struct {
 	Probe     probeCheck // asks a suspect's peer API if it is alive; nil: no probes
 	// Inherit, after a restart, is what the previous agent's tables held:
 	// the first machine starts from it (see restart.go).
-	Inherit *inheritance
+	Inherit *Inheritance
 }
 
-func newNode(c nodeConfig) (*node, error) {
+func New(c Config) (*Node, error) {
 	if c.Health == nil {
 		c.Health = func() bool { return true }
 	}
@@ -92,12 +92,12 @@ func newNode(c nodeConfig) (*node, error) {
 		rec.onPush = c.OnPush
 	}
 	rec.neighbors = c.Neighbors
-	return &node{self: c.Self, log: c.Log, link: c.Link, dp: c.Dataplane, mem: mem, rec: rec, trk: trk}, nil
+	return &Node{self: c.Self, log: c.Log, link: c.Link, dp: c.Dataplane, mem: mem, rec: rec, trk: trk}, nil
 }
 
 // run runs the node until ctx ends, then stops every goroutine, closes the
 // heartbeat socket and waits for them. It returns the receiver's error.
-func (n *node) run(ctx context.Context) error {
+func (n *Node) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -122,7 +122,7 @@ func (n *node) run(ctx context.Context) error {
 // handoff advertises that this node stops (once its tables accept nothing)
 // and waits until every live peer advertises a view without it, or ctx ends.
 // It reports whether the handoff completed.
-func (n *node) handoff(ctx context.Context) bool {
+func (n *Node) Handoff(ctx context.Context) bool {
 	done, err := n.mem.handoff(ctx)
 	if err != nil {
 		return false
@@ -138,7 +138,7 @@ func (n *node) handoff(ctx context.Context) bool {
 // drained waits until a scan begun after the node's latest release finds
 // no connection on it, or ctx ends; it returns the connections counted
 // last.
-func (n *node) drained(ctx context.Context) int {
+func (n *Node) Drained(ctx context.Context) int {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -156,7 +156,7 @@ func (n *node) drained(ctx context.Context) int {
 
 // announceRestart announces a restart window and waits until every live
 // peer has heard it, or ctx ends. It reports whether they all heard it.
-func (n *node) announceRestart(ctx context.Context, window time.Duration) bool {
+func (n *Node) AnnounceRestart(ctx context.Context, window time.Duration) bool {
 	done, err := n.mem.announceRestart(ctx, window)
 	if err != nil {
 		return false
@@ -171,7 +171,29 @@ func (n *node) announceRestart(ctx context.Context, window time.Duration) bool {
 
 // poke tells the node something outside it changed (health, the link):
 // membership re-reads the health, the reconciler the interface's MAC.
-func (n *node) poke() {
+func (n *Node) Poke() {
 	n.mem.poke()
 	n.rec.poke()
 }
+
+// Snap returns the snapshot membership published last: what the tables and
+// the APIs follow.
+func (n *Node) Snap() *Snap { return n.mem.snap.Load() }
+
+// Tables returns the tables in the kernel now (nil before the first push).
+func (n *Node) Tables() *filter.Tables { return n.rec.pub.Load().tables }
+
+// Held is what the tables in the kernel were computed from, for a restart
+// record: the accepting set, the peers' draining buckets, this node's own
+// draining buckets, and its health.
+func (n *Node) Held() (accept filter.Grant, peersDraining, draining filter.Set, healthy bool) {
+	st := n.rec.kernel()
+	return st.accept, st.peersDraining, st.draining, st.healthy
+}
+
+// Period is the heartbeat period the machine runs with now.
+func (n *Node) Period() time.Duration { return n.mem.machinePeriod() }
+
+// SetPlug pulls (or puts back) the node's virtual plug: it stops (or
+// resumes) heartbeats and probes as a pulled cable would.
+func (n *Node) SetPlug(ctx context.Context, pulled bool) error { return n.mem.setPlug(ctx, pulled) }

@@ -1,18 +1,17 @@
-package agent
+package node
 
 import (
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
-	"github.com/shoalnet/shoal/rules"
 )
 
 // The APIs and metrics read only what the goroutines publish (membership's
-// memberSnap, the reconciler's dataSnap): a scrape or a status request never
+// Snap, the reconciler's dataSnap): a scrape or a status request never
 // takes a lock a loop holds, and never delays a heartbeat.
 
 // status is the node's part of Status, from the published snapshots.
-func (n *node) Status() control.Status {
+func (n *Node) Status() control.Status {
 	ms, ds := n.mem.snap.Load(), n.rec.pub.Load()
 	st := ms.hb
 	s := control.Status{
@@ -44,9 +43,9 @@ func (n *node) Status() control.Status {
 }
 
 // params is the node's part of Params: packet and heartbeat counters.
-func (n *node) Params() control.Params {
+func (n *Node) Params() control.Params {
 	ms := n.mem.snap.Load()
-	p := control.Params{Settings: settingInfo(ms.rs.Settings), Packets: map[filter.RuleID]control.PacketCounters{},
+	p := control.Params{Settings: control.SettingsOf(ms.rs.Settings), Packets: map[filter.RuleID]control.PacketCounters{},
 		Heartbeat: heartbeatStats(n.link.Stats()), ARP: map[string]uint64{}}
 	if c, err := n.dp.Counters(); err == nil {
 		for id, rc := range c {
@@ -73,8 +72,4 @@ func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
 		}
 	}
 	return m
-}
-
-func settingInfo(s rules.Settings) control.SettingInfo {
-	return control.SettingInfo{ClusterID: s.ClusterID, HashSeed: s.HashSeed, HeartbeatPeriod: s.HeartbeatPeriod.String(), HeartbeatTolerance: s.HeartbeatTolerance, MACMode: s.MACMode.String()}
 }
