@@ -24,6 +24,7 @@ import (
 	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/peer"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -223,7 +224,7 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler(a, metrics.SecurityCollector{Refusals: a.sec.refusals, Rules: a.store}))
-		mux.Handle("/", statuspage.Handler(a, statuspage.PeerSamplerFor(rules.NewPeerClient(a.sec.certs))))
+		mux.Handle("/", statuspage.Handler(a, statuspage.PeerSamplerFor(peer.NewClient(a.sec.certs))))
 		stopMetrics, err := a.serveMetrics(cfg.MetricsAddr, mux)
 		if err != nil {
 			return err

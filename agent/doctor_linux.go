@@ -15,6 +15,7 @@ import (
 
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/agent/doctor"
+	"github.com/shoalnet/shoal/peer"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -77,7 +78,7 @@ func peerJSON(ctx context.Context, cl *http.Client, method, api, path string, in
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, rules.PeerURL(api, path), body)
+	req, err := http.NewRequestWithContext(ctx, method, peer.URL(api, path), body)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/shoalnet/shoal/agent/node"
 	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // flow explains a flow from this node's rules and view; with peers, every
@@ -34,7 +34,7 @@ func (a *Agent) Flow(ctx context.Context, client, to netip.AddrPort, proto filte
 		f.Nodes = []control.FlowNode{here}
 		return f, nil
 	}
-	control.AskFlowNodes(ctx, &f, a.Query(), here, control.FlowPeerFor(rules.NewPeerClient(a.sec.certs)), control.FlowQuery(client, to, proto))
+	control.AskFlowNodes(ctx, &f, a.Query(), here, control.FlowPeerFor(peer.NewClient(a.sec.certs)), control.FlowQuery(client, to, proto))
 	return f, nil
 }
 

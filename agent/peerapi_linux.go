@@ -10,6 +10,7 @@ import (
 
 	"github.com/shoalnet/shoal/agent/config"
 	"github.com/shoalnet/shoal/agent/control"
+	"github.com/shoalnet/shoal/peer"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -17,15 +18,15 @@ import (
 // pulled plug's restore timer.
 type security struct {
 	keys     [][]byte // the cluster keys at start, the primary first
-	certs    *rules.Certs
-	refusals *rules.Refusals
+	certs    *peer.Certs
+	refusals *peer.Refusals
 	restorer control.PlugRestorer
 }
 
 // tlsOptions is how the config says to get certificates: files of an
 // operator CA, or a CA derived from the cluster key.
-func tlsOptions(cfg *config.Config, key []byte) rules.TLSOptions {
-	o := rules.TLSOptions{Name: cfg.NodeName, Keys: [][]byte{key},
+func tlsOptions(cfg *config.Config, key []byte) peer.TLSOptions {
+	o := peer.TLSOptions{Name: cfg.NodeName, Keys: [][]byte{key},
 		CAFile: cfg.TLS.CAFile, CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile}
 	for _, hp := range []string{cfg.PeerAddr, cfg.RaftAddr, cfg.HeartbeatAddr} {
 		if ap, err := netip.ParseAddrPort(hp); err == nil && !ap.Addr().IsUnspecified() {
@@ -42,11 +43,11 @@ func newSecurity(cfg *config.Config, key []byte, a *Agent) (*security, error) {
 	}
 	opts := tlsOptions(cfg, key)
 	opts.Keys = keys
-	certs, err := rules.NewCerts(opts)
+	certs, err := peer.NewCerts(opts)
 	if err != nil {
 		return nil, err
 	}
-	return &security{keys: keys, certs: certs, refusals: rules.NewRefusals(a.log)}, nil
+	return &security{keys: keys, certs: certs, refusals: peer.NewRefusals(a.log)}, nil
 }
 
 // servePeerAPI serves the peer API on cfg.PeerAddr over mutual TLS, with
@@ -56,8 +57,8 @@ func (a *Agent) servePeerAPI() (stop func() error, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer api: %w", err)
 	}
-	srv := rules.NewPeerServer(a.peerHandler(), "peer", a.sec.refusals)
-	go srv.Serve(rules.PeerListener(ln, a.sec.certs, a.sec.refusals))
+	srv := peer.NewServer(a.peerHandler(), "peer", a.sec.refusals)
+	go srv.Serve(peer.Listener(ln, a.sec.certs, a.sec.refusals))
 	return srv.Close, nil
 }
 
@@ -75,7 +76,7 @@ func (a *Agent) serveMetrics(addr string, h http.Handler) (stop func() error, er
 		Handler: http.MaxBytesHandler(h, 4<<10), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 10 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 8 << 10,
 	}
-	go srv.Serve(rules.LimitListener(ln, "metrics", maxMetricsConns, a.sec.refusals))
+	go srv.Serve(peer.LimitListener(ln, "metrics", maxMetricsConns, a.sec.refusals))
 	return srv.Close, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/peer"
 )
 
 var testKey = []byte("0123456789abcdef0123456789abcdef")
@@ -37,7 +38,7 @@ type testNode struct {
 	raftAddr string
 	apiAddr  string
 	key      []byte
-	certs    *Certs // nil: derived from key
+	certs    *peer.Certs // nil: derived from key
 	timing   Timing
 	noSync   bool
 	lastID   filter.NodeID // the id the node had when it stopped
@@ -80,8 +81,8 @@ func (n *testNode) start(bootstrap bool) {
 	}
 	n.store = s
 	n.raftAddr = s.RaftAddr()
-	n.srv = NewPeerServer(s.PeerHandler(), "peer", nil)
-	go n.srv.Serve(PeerListener(ln, s.TLS(), nil))
+	n.srv = peer.NewServer(s.PeerHandler(), "peer", nil)
+	go n.srv.Serve(peer.Listener(ln, s.TLS(), nil))
 	n.t.Cleanup(n.stop)
 }
 
@@ -590,8 +591,8 @@ func TestSnapshotsThroughRaft(t *testing.T) {
 func TestPeerStateEndpoint(t *testing.T) {
 	nodes := newCluster(t, 1)
 	mustApply(t, nodes[0], &PutVIP{VIP: vip1})
-	url := PeerURL(nodes[0].apiAddr, pathState)
-	resp, err := NewPeerClient(testCerts(t, "n1", testKey)).Get(url)
+	url := peer.URL(nodes[0].apiAddr, pathState)
+	resp, err := peer.NewClient(testCerts(t, "n1", testKey)).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,20 +5,22 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+
+	"github.com/shoalnet/shoal/peer"
 )
 
 // Sentinel errors callers can branch on with errors.Is. Business errors
 // returned by Apply wrap one of them, also when the write was forwarded to
 // the leader.
 var (
-	ErrInvalid     = errors.New("invalid")                   // a value out of range or malformed
+	ErrInvalid     = peer.ErrInvalid                         // a value out of range or malformed
 	ErrConflict    = errors.New("conflict")                  // overlap, duplicate priority or name
 	ErrUnknownNode = errors.New("unknown node")              // no such node in the registry
 	ErrUnknownRule = errors.New("unknown rule")              // no such port rule
 	ErrUnknownVIP  = errors.New("unknown vip")               // no such cluster VIP
 	ErrNoQuorum    = errors.New("no quorum")                 // the write could not commit in time
 	ErrNotMember   = errors.New("not a member")              // this node has not joined a cluster
-	ErrAuth        = errors.New("peer auth refused")         // TLS: the peer is not of this cluster, or refused us
+	ErrAuth        = peer.ErrAuth                            // TLS: the peer is not of this cluster, or refused us
 	ErrStopped     = errors.New("rules application stopped") // an entry could not be applied; see Store.Halted
 	ErrUnsupported = errors.New("unsupported by a member")   // a command some member's shoal cannot apply
 	errNotLeader   = errors.New("not the raft leader")       // internal: retry elsewhere

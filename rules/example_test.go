@@ -11,13 +11,14 @@ import (
 	"net/netip"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/peer"
 	"github.com/shoalnet/shoal/rules"
 )
 
 // This is how an agent uses the store: open it (here bootstrapping a new
 // cluster), serve the peer API, follow changes, and write rules.
 func Example() {
-	key := make([]byte, rules.KeySize) // in real life: the cluster key file
+	key := make([]byte, peer.KeySize) // in real life: the cluster key file
 	rand.Read(key)
 	peerLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

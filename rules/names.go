@@ -1,27 +1,13 @@
 package rules
 
-import "fmt"
+import "github.com/shoalnet/shoal/peer"
 
 // MaxNameLen bounds a node's name.
-const MaxNameLen = 64
+const MaxNameLen = peer.MaxNameLen
 
 // checkNodeName accepts names of 1-64 letters, digits, '-', '_' and '.',
-// starting with a letter or digit. Names reach terminals (`shoal query`),
-// logs and certificates, so nothing that could be a control character, an
-// escape sequence, a space or a path separator gets in.
-func checkNodeName(name string) error {
-	if name == "" || len(name) > MaxNameLen {
-		return fmt.Errorf("%w: node name %q: want 1-%d characters", ErrInvalid, name, MaxNameLen)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || c != '-' && c != '_' && c != '.') {
-			return fmt.Errorf("%w: node name %q: use letters, digits, '-', '_' and '.', starting with a letter or digit", ErrInvalid, name)
-		}
-	}
-	return nil
-}
+// starting with a letter or digit (peer.CheckName).
+func checkNodeName(name string) error { return peer.CheckName(name) }
 
 // CheckNodeName reports whether name can be a node's name, for config
 // validation before an agent starts.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // PeerPathPrefix is where the agent mounts PeerHandler on its peer listener.
@@ -149,8 +150,8 @@ func (s *Store) checkJoiner(r *http.Request, info NodeInfo) (reason string, err 
 	if r.Header.Get(headerForwarded) != "" {
 		return s.authorize(MembersOnly, r)
 	}
-	if name := PeerName(r.TLS); s.cfg.TLS.Operator() && name != info.Name {
-		return RefuseImpersonate, fmt.Errorf("the certificate is for %q, not for %q", name, info.Name)
+	if name := peer.Name(r.TLS); s.cfg.TLS.Operator() && name != info.Name {
+		return peer.RefuseImpersonate, fmt.Errorf("the certificate is for %q, not for %q", name, info.Name)
 	}
 	return "", nil
 }
@@ -182,7 +183,7 @@ func jsonBody(v any) ([]byte, error) {
 // forward posts body to path on the peer API at api and decodes the reply.
 // A member passing a join on to the leader sets forwarded.
 func (s *Store) forward(ctx context.Context, api, path string, body []byte, forwarded bool) (Result, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, PeerURL(api, path), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer.URL(api, path), bytes.NewReader(body))
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: peer request to %s: %w", ErrInvalid, api, err)
 	}
@@ -191,7 +192,7 @@ func (s *Store) forward(ctx context.Context, api, path string, body []byte, forw
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return Result{}, fmt.Errorf("peer %s: %w", api, authError(err))
+		return Result{}, fmt.Errorf("peer %s: %w", api, peer.AuthError(err))
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxPeerReply))
@@ -220,7 +221,7 @@ func (s *Store) forward(ctx context.Context, api, path string, body []byte, forw
 func (s *Store) ping(ctx context.Context, api string) error {
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, PeerURL(api, pathPing), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer.URL(api, pathPing), nil)
 	if err != nil {
 		return err
 	}

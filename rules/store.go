@@ -24,6 +24,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // MaxVoters is how many nodes vote in Raft; further nodes join as
@@ -108,9 +109,9 @@ type StoreConfig struct {
 	// TLS is the node's certificate and trusted CAs for Raft and the peer
 	// API; nil: derived from Key (the 32-byte cluster key) for NodeName
 	// and the node's addresses.
-	TLS      *Certs
+	TLS      *peer.Certs
 	Key      []byte
-	Refusals *Refusals // counts what the Raft listener refuses; nil: not counted
+	Refusals *peer.Refusals // counts what the Raft listener refuses; nil: not counted
 	// Bootstrap makes a new one-node cluster when DataDir holds no Raft
 	// state; with existing state the node restarts from it either way.
 	Bootstrap    bool
@@ -164,10 +165,10 @@ func Open(cfg StoreConfig) (*Store, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Refusals == nil {
-		cfg.Refusals = NewRefusals(cfg.Logger)
+		cfg.Refusals = peer.NewRefusals(cfg.Logger)
 	}
 	if cfg.TLS == nil {
-		certs, err := NewCerts(TLSOptions{Name: cfg.NodeName, Addrs: hostAddrs(cfg.RaftBind, cfg.RaftAdvertise, cfg.APIAddr), Keys: [][]byte{cfg.Key}})
+		certs, err := peer.NewCerts(peer.TLSOptions{Name: cfg.NodeName, Addrs: hostAddrs(cfg.RaftBind, cfg.RaftAdvertise, cfg.APIAddr), Keys: [][]byte{cfg.Key}})
 		if err != nil {
 			return nil, err
 		}
@@ -185,7 +186,7 @@ func Open(cfg StoreConfig) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, client: NewPeerClient(cfg.TLS), subs: map[int]chan struct{}{}, closed: make(chan struct{})}
+	s := &Store{cfg: cfg, log: cfg.Logger, client: peer.NewClient(cfg.TLS), subs: map[int]chan struct{}{}, closed: make(chan struct{})}
 	s.fsm = newFSM(s.broadcast)
 	s.fsm.onHalt = func(h Halt) {
 		s.log.Error("rules application stopped: an entry of the raft log cannot be applied by this shoal; the data plane keeps the last rules it applied",
@@ -1039,7 +1040,7 @@ func (s *Store) admitName(name string) bool {
 }
 
 // TLS returns the certificates the store uses for Raft and the peer API.
-func (s *Store) TLS() *Certs { return s.cfg.TLS }
+func (s *Store) TLS() *peer.Certs { return s.cfg.TLS }
 
 // Halted reports whether this replica stopped applying the log, at which
 // index and why (see fsm.Apply). The agent shows it in status and metrics.

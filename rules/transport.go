@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // Raft's connections run over mutual TLS 1.3 (see Certs): without it,
@@ -21,7 +22,7 @@ import (
 // cluster, and names a known node (see Store.admit). A node that knows no
 // cluster yet (it waits to be joined) takes any certificate of the cluster.
 const (
-	handshakeTimeout = 5 * time.Second
+	handshakeTimeout = peer.HandshakeTimeout // a TLS handshake on Raft
 	// raftIdleTimeout closes an accepted connection with nothing to read
 	// for this long; a leader sends heartbeats every few tens of ms, and
 	// Raft redials a connection it lost.
@@ -36,12 +37,12 @@ const (
 type tlsStream struct {
 	ln        net.Listener
 	advertise net.Addr
-	certs     *Certs
+	certs     *peer.Certs
 	// admitAddr says whether a connection from an address may handshake,
 	// admitName whether a peer with that certificate may talk Raft.
 	admitAddr func(netip.Addr) bool
 	admitName func(string) bool
-	refusals  *Refusals
+	refusals  *peer.Refusals
 	log       *slog.Logger
 
 	handshakes chan struct{} // one token per handshake in progress
@@ -54,10 +55,10 @@ type tlsStream struct {
 type streamConfig struct {
 	bind      string
 	advertise net.Addr // nil: the bound address, which must then be a specific IP
-	certs     *Certs
+	certs     *peer.Certs
 	admitAddr func(netip.Addr) bool
 	admitName func(string) bool
-	refusals  *Refusals
+	refusals  *peer.Refusals
 	log       *slog.Logger
 }
 
@@ -81,7 +82,7 @@ func listenTLSStream(cfg streamConfig) (*tlsStream, error) {
 		cfg.admitName = func(string) bool { return true }
 	}
 	a := &tlsStream{
-		ln: LimitListener(ln, "raft", maxRaftConns, cfg.refusals), advertise: addr, certs: cfg.certs,
+		ln: peer.LimitListener(ln, "raft", maxRaftConns, cfg.refusals), advertise: addr, certs: cfg.certs,
 		admitAddr: cfg.admitAddr, admitName: cfg.admitName, refusals: cfg.refusals, log: cfg.log,
 		handshakes: make(chan struct{}, maxRaftHandshakes), conns: make(chan net.Conn), done: make(chan struct{}),
 	}
@@ -108,14 +109,14 @@ func (a *tlsStream) acceptLoop() {
 			continue
 		}
 		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err != nil || !a.admitAddr(ap.Addr().Unmap()) {
-			a.refusals.Refuse("raft", RefuseAddress, c.RemoteAddr(), nil)
+			a.refusals.Refuse("raft", peer.RefuseAddress, c.RemoteAddr(), nil)
 			c.Close()
 			continue
 		}
 		select {
 		case a.handshakes <- struct{}{}:
 		default:
-			a.refusals.Refuse("raft", RefuseTooMany, c.RemoteAddr(), errors.New("too many handshakes in progress"))
+			a.refusals.Refuse("raft", peer.RefuseTooMany, c.RemoteAddr(), errors.New("too many handshakes in progress"))
 			c.Close()
 			continue
 		}
@@ -140,13 +141,13 @@ func (a *tlsStream) serverHandshake(c net.Conn) (*tls.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
-		a.refusals.Refuse("raft", RefuseHandshake, c.RemoteAddr(), err)
+		a.refusals.Refuse("raft", peer.RefuseHandshake, c.RemoteAddr(), err)
 		return nil, err
 	}
 	st := tc.ConnectionState()
-	if name := PeerName(&st); !a.admitName(name) {
+	if name := peer.Name(&st); !a.admitName(name) {
 		err := fmt.Errorf("%q is not a node of this cluster", name)
-		a.refusals.Refuse("raft", RefuseNotMember, c.RemoteAddr(), err)
+		a.refusals.Refuse("raft", peer.RefuseNotMember, c.RemoteAddr(), err)
 		return nil, err
 	}
 	return tc, nil
@@ -166,7 +167,7 @@ func (a *tlsStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Co
 	}
 	tc := c.(*tls.Conn)
 	st := tc.ConnectionState()
-	if name := PeerName(&st); !a.admitName(name) {
+	if name := peer.Name(&st); !a.admitName(name) {
 		tc.Close()
 		return nil, fmt.Errorf("%w: raft peer %s presents a certificate for %q, not a node of this cluster", ErrAuth, addr, name)
 	}

@@ -9,7 +9,7 @@ import (
 	"syscall"
 
 	"github.com/shoalnet/shoal/heartbeat"
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // Probes: the second channel of membership (docs/MEMBERSHIP.md, "One-way
@@ -40,7 +40,7 @@ func AliveHandler(off func() bool) http.Handler {
 // NewProbeClient returns the agent's peer client for probes: mutual TLS,
 // and a fresh connection every time, so that a probe tests that the peer
 // accepts connections now, not that an old one is still open.
-func NewProbeClient(certs *rules.Certs) *http.Client {
+func NewProbeClient(certs *peer.Certs) *http.Client {
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: certs.ClientConfig(), DisableKeepAlives: true}}
 }
 
@@ -53,7 +53,7 @@ func NewProbeClient(certs *rules.Certs) *http.Client {
 // a stalled agent, a lost host) leaves it silent.
 func PeerAPICheck(client *http.Client) func(ctx context.Context, api string) heartbeat.ProbeResult {
 	return func(ctx context.Context, api string) heartbeat.ProbeResult {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rules.PeerURL(api, PathAlive), nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer.URL(api, PathAlive), nil)
 		if err != nil {
 			return heartbeat.ProbeSilent
 		}

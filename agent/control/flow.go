@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // Flow explains where one flow goes, as `shoal query --flow` prints it.
@@ -181,7 +181,7 @@ type flowPeer func(ctx context.Context, apiAddr, query string) (FlowNode, error)
 func FlowPeerFor(hc *http.Client) flowPeer {
 	return func(ctx context.Context, addr, query string) (FlowNode, error) {
 		var fn FlowNode
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rules.PeerURL(addr, "/v1/peer/flow?"+query), nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer.URL(addr, "/v1/peer/flow?"+query), nil)
 		if err != nil {
 			return fn, err
 		}

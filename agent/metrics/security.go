@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shoalnet/shoal/agent/control"
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 var refusalDesc = prometheus.NewDesc("shoal_refused_total",
@@ -18,7 +18,7 @@ var stoppedDesc = prometheus.NewDesc("shoal_rules_stopped_index",
 // SecurityCollector exports rules.Refusals as a Prometheus counter, and
 // where the rules FSM stopped, if it did.
 type SecurityCollector struct {
-	Refusals *rules.Refusals
+	Refusals *peer.Refusals
 	Rules    control.Halter
 }
 

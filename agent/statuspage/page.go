@@ -15,7 +15,7 @@ import (
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // The live status page: static HTML, CSS and JavaScript embedded in the
@@ -114,7 +114,7 @@ type PeerSampler func(ctx context.Context, apiAddr string) (NodeSample, error)
 func PeerSamplerFor(hc *http.Client) PeerSampler {
 	return func(ctx context.Context, addr string) (NodeSample, error) {
 		var s NodeSample
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rules.PeerURL(addr, "/v1/peer/sample"), nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer.URL(addr, "/v1/peer/sample"), nil)
 		if err != nil {
 			return s, err
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shoalnet/shoal/peer"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -50,11 +51,11 @@ var tlsCACreateCommand = &cli.Command{
 		if c.NArg() != 0 {
 			return usageError("tls ca create takes no arguments")
 		}
-		ca, err := rules.CreateCA("shoal operator CA", time.Duration(c.Int("days"))*24*time.Hour, time.Now())
+		ca, err := peer.CreateCA("shoal operator CA", time.Duration(c.Int("days"))*24*time.Hour, time.Now())
 		if err != nil {
 			return err
 		}
-		key, err := rules.EncodeKeyPEM(ca.Key)
+		key, err := peer.EncodeKeyPEM(ca.Key)
 		if err != nil {
 			return err
 		}
@@ -62,7 +63,7 @@ var tlsCACreateCommand = &cli.Command{
 		if err := writeNew(filepath.Join(dir, "shoal-ca-key.pem"), key, 0o600); err != nil {
 			return err
 		}
-		if err := writeNew(filepath.Join(dir, "shoal-ca.pem"), rules.EncodeCertPEM(ca.Cert), 0o644); err != nil {
+		if err := writeNew(filepath.Join(dir, "shoal-ca.pem"), peer.EncodeCertPEM(ca.Cert), 0o644); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.App.Writer, "wrote %s and %s\n", filepath.Join(dir, "shoal-ca.pem"), filepath.Join(dir, "shoal-ca-key.pem"))
@@ -99,7 +100,7 @@ var tlsCertCreateCommand = &cli.Command{
 			}
 			ips = append(ips, a)
 		}
-		ca, err := rules.LoadCA(c.String("ca"), c.String("ca-key"))
+		ca, err := peer.LoadCA(c.String("ca"), c.String("ca-key"))
 		if err != nil {
 			return err
 		}
@@ -107,7 +108,7 @@ var tlsCertCreateCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		kp, err := rules.EncodeKeyPEM(key)
+		kp, err := peer.EncodeKeyPEM(key)
 		if err != nil {
 			return err
 		}
@@ -115,7 +116,7 @@ var tlsCertCreateCommand = &cli.Command{
 		if err := writeNew(filepath.Join(dir, name+"-key.pem"), kp, 0o600); err != nil {
 			return err
 		}
-		if err := writeNew(filepath.Join(dir, name+".pem"), rules.EncodeCertPEM(cert), 0o644); err != nil {
+		if err := writeNew(filepath.Join(dir, name+".pem"), peer.EncodeCertPEM(cert), 0o644); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.App.Writer, "wrote %s and %s\n", filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem"))

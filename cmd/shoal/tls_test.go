@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 func TestTLSCreateCAAndCert(t *testing.T) {
@@ -26,7 +26,7 @@ func TestTLSCreateCAAndCert(t *testing.T) {
 	if _, code := run(t, "tls", "cert", "create", "--dir", dir, "--ca", ca, "--ca-key", caKey, "bad\x1b[2Jname"); code != exitUsage {
 		t.Errorf("a name with an escape sequence: exit %d, want %d", code, exitUsage)
 	}
-	c, err := rules.NewCerts(rules.TLSOptions{Name: "node1", CAFile: ca,
+	c, err := peer.NewCerts(peer.TLSOptions{Name: "node1", CAFile: ca,
 		CertFile: filepath.Join(dir, "node1.pem"), KeyFile: filepath.Join(dir, "node1-key.pem")})
 	if err != nil {
 		t.Fatalf("a node loads its certificate: %v", err)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/deploy/lab/load"
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // Traffic is the load a drill sends while it runs.
@@ -283,20 +283,20 @@ func clusterSettled(ctx context.Context, a *agentAPI, victim uint32, gone bool, 
 }
 
 // peerPlug pulls or restores a node's plug over the authenticated peer API.
-func peerPlug(ctx context.Context, peer string, key []byte, pulled bool) error {
+func peerPlug(ctx context.Context, addr string, key []byte, pulled bool) error {
 	b, _ := json.Marshal(map[string]bool{"pulled": pulled})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rules.PeerURL(peer, "/v1/peer/plug"), bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer.URL(addr, "/v1/peer/plug"), bytes.NewReader(b))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	certs, err := rules.NewCerts(rules.TLSOptions{Name: "shoal-drill", Keys: [][]byte{key}})
+	certs, err := peer.NewCerts(peer.TLSOptions{Name: "shoal-drill", Keys: [][]byte{key}})
 	if err != nil {
 		return err
 	}
-	c := rules.NewPeerClient(certs)
+	c := peer.NewClient(certs)
 	c.Timeout = 5 * time.Second
-	return doJSON(c, req, "peer "+peer)
+	return doJSON(c, req, "peer "+addr)
 }
 
 // waitSettled polls check every 20 ms until it passes and returns how long

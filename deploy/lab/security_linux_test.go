@@ -23,7 +23,7 @@ import (
 	"github.com/google/gopacket/pcapgo"
 
 	"github.com/shoalnet/shoal/internal/netnstest"
-	"github.com/shoalnet/shoal/rules"
+	"github.com/shoalnet/shoal/peer"
 )
 
 // TestSecurityCaptureReplayFlood runs a 3-node lab and, from the switch
@@ -159,25 +159,25 @@ func plug(t *testing.T, l *Lab, peer string, pulled bool, restoreAfter time.Dura
 	}
 }
 
-// plugRequest sends peer a plug request from the client, under the key
+// plugRequest sends addr a plug request from the client, under the key
 // in keyFile, on a fresh connection: pull the plug (and restore it after
 // restoreAfter) or restore it (a no-op on a plugged node).
-func plugRequest(t *testing.T, l *Lab, keyFile, peer string, pulled bool, restoreAfter time.Duration) error {
+func plugRequest(t *testing.T, l *Lab, keyFile, addr string, pulled bool, restoreAfter time.Duration) error {
 	t.Helper()
 	key, err := readHexKey(keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := rules.NewCerts(rules.TLSOptions{Name: "drill", Keys: [][]byte{key}})
+	certs, err := peer.NewCerts(peer.TLSOptions{Name: "drill", Keys: [][]byte{key}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := rules.NewPeerClient(certs)
+	c := peer.NewClient(certs)
 	c.Timeout = 10 * time.Second
 	c.Transport.(*http.Transport).DialContext = nsDialer(t, l.Client.Namespace)
 	defer c.CloseIdleConnections()
 	body := fmt.Sprintf(`{"pulled":%v,"restore_after":%d}`, pulled, restoreAfter)
-	resp, err := c.Post(rules.PeerURL(peer, "/v1/peer/plug"), "application/json", strings.NewReader(body))
+	resp, err := c.Post(peer.URL(addr, "/v1/peer/plug"), "application/json", strings.NewReader(body))
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package rules
+package peer
 
 import (
 	"crypto"
@@ -102,7 +102,7 @@ func NewCerts(o TLSOptions) (*Certs, error) {
 // Reload replaces the keys or rereads the files: connections made from now
 // on use them, open ones keep theirs.
 func (c *Certs) Reload(o TLSOptions) error {
-	if err := checkNodeName(o.Name); err != nil {
+	if err := CheckName(o.Name); err != nil {
 		return fmt.Errorf("tls: %w", err)
 	}
 	if o.Operator() {
@@ -238,7 +238,7 @@ func (c *Certs) verify(chain []*x509.Certificate, usage x509.ExtKeyUsage) (strin
 		return "", fmt.Errorf("%w: peer certificate %q: %w (is the cluster key, or the CA, the same on every node?)", ErrAuth, chain[0].Subject.CommonName, err)
 	}
 	name := chain[0].Subject.CommonName
-	if err := checkNodeName(name); err != nil {
+	if err := CheckName(name); err != nil {
 		return "", fmt.Errorf("%w: peer certificate: %w", ErrAuth, err)
 	}
 	return name, nil
@@ -275,9 +275,9 @@ func (c *Certs) ClientConfig() *tls.Config {
 	}
 }
 
-// authError marks a failed TLS handshake as ErrAuth: the peer is not of
+// AuthError marks a failed TLS handshake as ErrAuth: the peer is not of
 // this cluster (or we are not of its), which no retry will change.
-func authError(err error) error {
+func AuthError(err error) error {
 	var alert tls.AlertError
 	if errors.Is(err, ErrAuth) || !errors.As(err, &alert) {
 		return err
@@ -285,9 +285,9 @@ func authError(err error) error {
 	return fmt.Errorf("%w: the peer refused our certificate (is the cluster key, or the CA, the same on every node?): %w", ErrAuth, err)
 }
 
-// PeerName returns the name in the verified certificate of a TLS peer, or
+// Name returns the name in the verified certificate of a TLS peer, or
 // "" when there is none.
-func PeerName(cs *tls.ConnectionState) string {
+func Name(cs *tls.ConnectionState) string {
 	if cs == nil || len(cs.PeerCertificates) == 0 {
 		return ""
 	}
@@ -297,7 +297,7 @@ func PeerName(cs *tls.ConnectionState) string {
 // DeriveCA returns the CA derived from a cluster key: every node holding
 // the key gets the same certificate and key.
 func DeriveCA(key []byte) (*x509.Certificate, crypto.Signer, error) {
-	if err := checkKey(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return nil, nil, err
 	}
 	seed, err := hkdf.Key(sha256.New, key, nil, caInfo, ed25519.SeedSize)
@@ -373,7 +373,7 @@ func CreateCA(name string, validFor time.Duration, now time.Time) (*CA, error) {
 // Issue makes a certificate for node name (usable as client and server)
 // with a fresh ECDSA P-256 key, valid for the given time.
 func (ca *CA) Issue(name string, addrs []netip.Addr, validFor time.Duration, now time.Time) (*x509.Certificate, crypto.Signer, error) {
-	if err := checkNodeName(name); err != nil {
+	if err := CheckName(name); err != nil {
 		return nil, nil, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -1,4 +1,4 @@
-package rules
+package peer
 
 import (
 	"log/slog"
