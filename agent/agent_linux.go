@@ -47,6 +47,7 @@ type Agent struct {
 	running atomic.Pointer[node.Node]
 	link    *heartbeat.Transport // the node's; kept for key reloads
 	xdp     *filter.XDP
+	bgp     *announce.BGP // the routed mode's speaker; nil without a bgp section
 	// restartArm is set by `shoal restart`; restarting once the node
 	// stopped for a restart (teardown then leaves the host as it is).
 	restartArm restartArm
@@ -120,7 +121,7 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 	// follows the replicated VIPs and the link from here on.
 	h, err := host.Setup(host.Config{Interface: cfg.Interface, DataDir: cfg.DataDir, VIPs: a.store.State().VIPs, MACMode: a.store.State().Settings.MACMode, Log: log,
 		Announcer: func(ifindex int, mac func() net.HardwareAddr) (host.Announcer, error) {
-			return announce.ListenL2(announce.L2Config{Interface: cfg.Interface, Index: ifindex, MAC: mac, Log: log})
+			return a.openAnnouncer(ifindex, mac)
 		}})
 	if err != nil {
 		return err
@@ -235,6 +236,43 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 	h.Announce()
 	log.Info("agent running", "id", a.self, "interface", cfg.Interface, "xdp", xdp.Mode(), "vips", cfg.VIPs)
 	return a.runNode(ctx)
+}
+
+// openAnnouncer opens the ways this node claims the VIPs: L2 (ARP, NDP,
+// IGMP) always, and the BGP speaker when the config has a bgp section;
+// the cluster's mode says which one claims them.
+func (a *Agent) openAnnouncer(ifindex int, mac func() net.HardwareAddr) (host.Announcer, error) {
+	l2, err := announce.ListenL2(announce.L2Config{Interface: a.cfg.Interface, Index: ifindex, MAC: mac, Log: a.log})
+	if err != nil {
+		return nil, err
+	}
+	m := &announce.Modes{L2: l2}
+	if b := a.cfg.BGP; b.Configured() {
+		bc := announce.BGPConfig{ASN: b.ASN, RouterID: b.RouterID, NextHop: b.NextHop, NextHop6: b.NextHop6, Log: a.log}
+		for _, c := range b.Communities {
+			v, _ := config.ParseCommunity(c) // checked by Validate
+			bc.Communities = append(bc.Communities, v)
+		}
+		for _, n := range b.Neighbors {
+			bc.Neighbors = append(bc.Neighbors, announce.Neighbor{Address: n.Address, ASN: n.ASN, Password: n.Password,
+				HoldTime: n.HoldTime, Keepalive: n.Keepalive, MultihopTTL: n.MultihopTTL,
+				BFD: n.BFD.Enabled, BFDInterval: n.BFD.Interval, BFDReceive: n.BFD.ReceiveInterval, BFDMultiplier: n.BFD.Multiplier})
+		}
+		if a.bgp, err = announce.StartBGP(bc); err != nil {
+			l2.Close()
+			return nil, err
+		}
+		m.BGP = a.bgp
+	}
+	return m, nil
+}
+
+// bgpInfo is the BGP speaker's sessions and announcements; nil without one.
+func (a *Agent) bgpInfo() *control.BGPInfo {
+	if a.bgp == nil {
+		return nil
+	}
+	return &control.BGPInfo{Sessions: a.bgp.Sessions(), Announced: a.bgp.Announced()}
 }
 
 // healthy is the health this node advertises: its application's, and its

@@ -76,6 +76,7 @@ func (a *Agent) Query() control.Query {
 	owners := filter.Assign(ms.Filter(), node.NodeIDs(hb.View.Eligible))
 	q := control.Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: control.SettingsOf(rs.Settings)}
 	q.Leader, _ = a.store.Leader()
+	q.BGP = a.bgpInfo()
 	for _, v := range rs.VIPs {
 		q.VIPs = append(q.VIPs, v.String())
 	}
@@ -113,7 +114,7 @@ func (a *Agent) Params() control.Params {
 	p := a.node.Params()
 	p.Config = *a.cfg
 	c := a.host.Counters()
-	p.ARP, p.NDP = c["arp"], c["ndp"]
+	p.ARP, p.NDP, p.BGP = c["arp"], c["ndp"], c["bgp"]
 	return p
 }
 

@@ -244,8 +244,9 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 		res.State = Draining
 	}
 	switch {
-	case f.syn && !fr.first && [6]byte(frame[0:6]) == c.mac:
-		// Handed over by the bucket's previous owner: this node's while
+	case f.syn && !fr.first && !c.t.Routed && [6]byte(frame[0:6]) == c.mac:
+		// Handed over by the bucket's previous owner (in routed mode every
+		// frame comes to this node's MAC and none is): this node's while
 		// its tables hold the bucket draining and pending (about to
 		// acquire it), and it did not take the flooded copy (a request
 		// socket) just before.

@@ -74,11 +74,11 @@ type shoalRuleInfo struct {
 }
 
 type shoalSettings struct {
-	_    structs.HostLayout
-	Seed uint32
-	Mac  [6]uint8
-	Prev uint8
-	Pad  uint8
+	_      structs.HostLayout
+	Seed   uint32
+	Mac    [6]uint8
+	Prev   uint8
+	Routed uint8
 }
 
 type shoalVip6Bucket struct {

@@ -74,11 +74,11 @@ type shoalTcRuleInfo struct {
 }
 
 type shoalTcSettings struct {
-	_    structs.HostLayout
-	Seed uint32
-	Mac  [6]uint8
-	Prev uint8
-	Pad  uint8
+	_      structs.HostLayout
+	Seed   uint32
+	Mac    [6]uint8
+	Prev   uint8
+	Routed uint8
 }
 
 type shoalTcVip6Bucket struct {

@@ -180,6 +180,10 @@ type Tables struct {
 	// here. The data plane keeps Prev's copy of the tables as they were
 	// pushed; Prev itself has no Prev.
 	Prev *Tables
+	// Routed: the cluster is in routed mode, where the routers send each
+	// node its flows at its own MAC. A SYN so addressed is then a client's,
+	// not one handed over by a peer (there is no flooded copy to hand).
+	Routed bool
 }
 
 // Remapped returns the rules of t whose bucket numbers Prev does not map

@@ -356,6 +356,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	if prev != noVersion {
 		set.Prev = uint8(prev + 1)
 	}
+	if t.Routed {
+		set.Routed = 1
+	}
 	if err := x.objs.Settings.Update(next, &set, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("update xdp settings: %w", err)
 	}

@@ -87,7 +87,7 @@ var commandTable = map[CommandType]func() Command{
 // added later gets the next level in commandSince, and the leader proposes
 // it only once every registered node reports that level, so no replica
 // meets an entry it cannot decode during a rolling upgrade.
-const CommandLevel = 2
+const CommandLevel = 3
 
 // commandSince is the level each command type needs; types not listed
 // need level 1.

@@ -368,6 +368,33 @@ func TestCheckSupported(t *testing.T) {
 	}
 }
 
+// TestRoutedModeNeedsLevel3: a member below level 3 would refuse the
+// routed mode (its SetMACMode rejects the value) and diverge, so the mode
+// is proposed only once every member reports level 3; the other modes
+// stay at SetMACMode's own level.
+func TestRoutedModeNeedsLevel3(t *testing.T) {
+	tf := seeded(t)
+	for i, n := range []string{"n1", "n2", "n3"} {
+		info := nodeInfo(n, i+1)
+		info.CommandLevel = 2
+		tf.mustApply(&RegisterNode{Info: info})
+	}
+	if err := tf.f.current().CheckSupported(&SetMACMode{Mode: MACIGMP}); err != nil {
+		t.Errorf("igmp mode with every node at level 2: %v", err)
+	}
+	if err := tf.f.current().CheckSupported(&SetMACMode{Mode: MACRouted}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("routed mode with every node at level 2: %v, want ErrUnsupported", err)
+	}
+	for i, n := range []string{"n1", "n2", "n3"} {
+		info := nodeInfo(n, i+1)
+		info.CommandLevel = 3
+		tf.mustApply(&RegisterNode{Info: info})
+	}
+	if err := tf.f.current().CheckSupported(&SetMACMode{Mode: MACRouted}); err != nil {
+		t.Errorf("routed mode with every node at level 3: %v", err)
+	}
+}
+
 // memSink is a raft.SnapshotSink in memory.
 type memSink struct {
 	bytes.Buffer

@@ -22,18 +22,22 @@ const (
 	// joins, so an IGMP-snooping switch forwards the VIP's frames only to
 	// the nodes' ports.
 	MACIGMP MACMode = "igmp"
+	// MACRouted: no cluster MAC. Every eligible node announces the VIPs
+	// to its routers over BGP, and the routers spread the flows over the
+	// nodes with ECMP; each node serves what it is sent.
+	MACRouted MACMode = "routed"
 )
 
-// ParseMACMode parses "multicast" or "igmp".
+// ParseMACMode parses "multicast", "igmp" or "routed".
 func ParseMACMode(s string) (MACMode, error) {
 	m := MACMode(s)
 	if s == "" || !m.valid() {
-		return "", fmt.Errorf("%w: mac mode %q: want multicast or igmp", ErrInvalid, s)
+		return "", fmt.Errorf("%w: mac mode %q: want multicast, igmp or routed", ErrInvalid, s)
 	}
 	return m, nil
 }
 
-func (m MACMode) valid() bool { return m == "" || m == MACMulticast || m == MACIGMP }
+func (m MACMode) valid() bool { return m == "" || m == MACMulticast || m == MACIGMP || m == MACRouted }
 
 // normal returns the mode with "" as MACMulticast's stored form (""), so a
 // cluster set back to multicast encodes as one that never changed.

@@ -52,6 +52,9 @@ func (ni *NodeInfo) level() int { return max(1, ni.CommandLevel) }
 // reports the command level cmd's type needs.
 func (s *State) CheckSupported(cmd Command) error {
 	need := max(1, commandSince[cmd.Type()])
+	if m, ok := cmd.(*SetMACMode); ok && m.Mode == MACRouted {
+		need = max(need, 3) // a member below level 3 would refuse the mode and diverge
+	}
 	for i := range s.Nodes {
 		if n := &s.Nodes[i]; n.level() < need {
 			return fmt.Errorf("%w: command type %d needs command level %d on every member, and node %d (%s) runs a shoal at level %d; upgrade every node first", ErrUnsupported, cmd.Type(), need, n.ID, n.Name, n.level())

@@ -42,6 +42,8 @@ type Config struct {
 	Profile string `yaml:"profile"`
 	Health  Health `yaml:"health"`
 	TLS     TLS    `yaml:"tls"`
+	// BGP is the routed mode's speaker (bgp.go).
+	BGP BGP `yaml:"bgp"`
 	// AcceptKeyFiles are further cluster keys accepted (heartbeats, TLS)
 	// but not signed with, for a key rotation (docs/SECURITY.md).
 	AcceptKeyFiles []string `yaml:"accept_key_files"`
@@ -304,6 +306,7 @@ func (c *Config) Validate() error {
 	if h.Interval < 50*time.Millisecond || h.Timeout <= 0 || h.Timeout > h.Interval || h.Fall < 1 || h.Rise < 1 {
 		bad("health", "need interval >= 50ms, 0 < timeout <= interval, fall >= 1, rise >= 1")
 	}
+	c.BGP.validate(c.HeartbeatAddr, bad)
 	return errors.Join(errs...)
 }
 

@@ -1,8 +1,10 @@
 package control
 
 import (
+	"net/netip"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/announce"
 	"github.com/shoalnet/shoal/agent/config"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
@@ -67,6 +69,15 @@ type Query struct {
 	Rules      []RuleInfo  `json:"rules"`
 	VIPs       []string    `json:"vips"`
 	Settings   SettingInfo `json:"settings"`
+	// BGP is the asked node's speaker (routed mode); nil without one.
+	BGP *BGPInfo `json:"bgp,omitempty"`
+}
+
+// BGPInfo is a node's BGP speaker: its sessions, one per neighbour, and
+// the VIPs it announces now, with when each was announced.
+type BGPInfo struct {
+	Sessions  []announce.Session       `json:"sessions"`
+	Announced map[netip.Addr]time.Time `json:"announced"`
 }
 
 // SettingInfo shows the cluster settings.
@@ -75,7 +86,7 @@ type SettingInfo struct {
 	HashSeed           uint32 `json:"hash_seed"`
 	HeartbeatPeriod    string `json:"heartbeat_period"`
 	HeartbeatTolerance int    `json:"heartbeat_tolerance"`
-	MACMode            string `json:"mac_mode"` // multicast or igmp
+	MACMode            string `json:"mac_mode"` // multicast, igmp or routed
 }
 
 // NodeInfo is one registered node in a Query.
@@ -123,7 +134,8 @@ type Params struct {
 	Packets   map[filter.RuleID]PacketCounters `json:"packets"`
 	Heartbeat map[string]uint64                `json:"heartbeat"`
 	ARP       map[string]uint64                `json:"arp"`
-	NDP       map[string]uint64                `json:"ndp"` // Neighbor Solicitations for the IPv6 VIPs, by outcome
+	BGP       map[string]uint64                `json:"bgp,omitempty"` // the BGP speaker's counters (routed mode)
+	NDP       map[string]uint64                `json:"ndp"`           // Neighbor Solicitations for the IPv6 VIPs, by outcome
 }
 
 // PacketCounters are one rule's data-plane counters.

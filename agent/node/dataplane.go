@@ -213,8 +213,21 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 			hold[id] = full()
 		}
 	}
+	routed := s.rs.Settings.MACMode == rules.MACRouted
+	if routed {
+		// The routers choose which node serves a flow: this node keeps
+		// whatever it is sent (no bucket is another's, none is dirty)
+		// unless it is stopped or suspended, as in the other modes.
+		accept, dirty, hold = filter.Grant{Buckets: filter.Set{}}, nil, nil
+		if admin != rules.AdminStopped && admin != rules.AdminSuspended {
+			accept = everything(s.fcfg)
+		}
+	}
 	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, hold)
-	p.tables.Prev = r.prev
+	if !routed {
+		p.tables.Prev = r.prev
+	}
+	p.tables.Routed = routed
 	hands := r.handOver(now, s, p.tables, accept.Buckets)
 	r.remapKeep = r.keepRemapped(now, s, p.tables, remapped, hands)
 	t2 := r.now()
@@ -737,7 +750,7 @@ func sameTables(a, b *filter.Tables) bool {
 			return false
 		}
 	}
-	if a.HandMACs != b.HandMACs || a.Prev != b.Prev {
+	if a.HandMACs != b.HandMACs || a.Prev != b.Prev || a.Routed != b.Routed {
 		return false
 	}
 	for _, pair := range [][2]*filter.Tables{{a, b}, {b, a}} {

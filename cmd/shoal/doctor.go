@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -48,8 +49,11 @@ var doctorCommand = &cli.Command{
 				return usageError("doctor: --neighbor %q is not an IPv4 or IPv6 address", v)
 			}
 			mode, err := rules.ParseMACMode(c.String("mac-mode"))
+			if err == nil && mode == rules.MACRouted {
+				err = errors.New("routed mode has no cluster MAC: the routers learn the VIPs over BGP")
+			}
 			if err != nil {
-				return usageError("doctor: --mac-mode %q: want multicast or igmp", c.String("mac-mode"))
+				return usageError("doctor: --mac-mode %q: want multicast or igmp: %v", c.String("mac-mode"), err)
 			}
 			chk, err := doctor.CheckNeighbour(vip, mode)
 			if err != nil {

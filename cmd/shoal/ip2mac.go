@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -38,8 +39,11 @@ var ip2macCommand = &cli.Command{
 			return usageError("ip2mac: %q is not an IPv4 or IPv6 address", arg)
 		}
 		mode, err := rules.ParseMACMode(c.String("mac-mode"))
+		if err == nil && mode == rules.MACRouted {
+			err = errors.New("routed mode has no cluster MAC: the routers learn the VIPs over BGP")
+		}
 		if err != nil {
-			return usageError("ip2mac: --mac-mode %q: want multicast or igmp", c.String("mac-mode"))
+			return usageError("ip2mac: --mac-mode %q: want multicast or igmp: %v", c.String("mac-mode"), err)
 		}
 		printIP2MAC(c.App.Writer, vip, mode)
 		return nil

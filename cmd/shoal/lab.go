@@ -26,7 +26,7 @@ var labBuildFlags = []cli.Flag{
 	&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin),
 		Usage: "the HTTP server on every node: builtin (VIP:80), dualstack (the built-in one on [::]:80), nginx or apache (Debian's)"},
 	&cli.DurationFlag{Name: "period", Usage: "heartbeat period of the agents (default: the agent's)"},
-	&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "the cluster's MAC mode: multicast (a flooding switch) or igmp (a switch with IGMP snooping and a querier, and a bystander namespace)"},
+	&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "the cluster's MAC mode: multicast (a flooding switch), igmp (a switch with IGMP snooping and a querier, and a bystander namespace) or routed (FRR in a router namespace between the client and the nodes, BGP and BFD to every node, kernel ECMP)"},
 	&cli.BoolFlag{Name: "parallel-start", Hidden: true, Usage: "start every agent at once (default: one after the other)"},
 	&cli.BoolFlag{Name: "keep-failed", Hidden: true, Usage: "leave a lab that failed to come up in place, for its logs"},
 	&cli.StringFlag{Name: "binary", Hidden: true, Usage: "the shoal binary the namespaces run (default: this one)"},

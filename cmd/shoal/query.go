@@ -6,9 +6,11 @@ import (
 	"io"
 	"net/netip"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/urfave/cli/v2"
@@ -71,6 +73,35 @@ func printQuery(w io.Writer, q *control.Query) {
 	if len(q.Rules) > 0 {
 		fmt.Fprintln(w)
 		printRules(w, q.Rules)
+	}
+	if q.BGP != nil {
+		fmt.Fprintln(w)
+		printBGP(w, q.BGP)
+	}
+}
+
+// printBGP shows the asked node's BGP sessions and announcements.
+func printBGP(w io.Writer, b *control.BGPInfo) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BGP NEIGHBOR\tASN\tSTATE\tSINCE\tBFD\tSENT\tRECEIVED\tLAST ERROR")
+	for _, s := range b.Sessions {
+		since := "-"
+		if !s.Since.IsZero() {
+			since = s.Since.Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Neighbor, s.ASN, s.State, since, orNone(s.BFD), s.Sent, s.Received, orNone(s.LastError))
+	}
+	tw.Flush()
+	vips := make([]netip.Addr, 0, len(b.Announced))
+	for v := range b.Announced {
+		vips = append(vips, v)
+	}
+	slices.SortFunc(vips, netip.Addr.Compare)
+	if len(vips) == 0 {
+		fmt.Fprintln(w, "announcing: nothing (this node is not eligible)")
+	}
+	for _, v := range vips {
+		fmt.Fprintf(w, "announcing %s since %s\n", v, b.Announced[v].Format(time.RFC3339))
 	}
 }
 

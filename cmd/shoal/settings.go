@@ -47,12 +47,15 @@ var settingsCommand = &cli.Command{
 				"forwards the VIP's frames only to the nodes; the switch, or a router on\n" +
 				"the segment, must run an IGMP querier, or it ages the group out). Every\n" +
 				"node applies a change at once and re-announces the VIPs by gratuitous ARP;\n" +
-				"routers with static ARP entries need the new MAC (shoal ip2mac).",
+				"routers with static ARP entries need the new MAC (shoal ip2mac). Or routed:\n" +
+				"no cluster MAC; every eligible node announces the VIPs over BGP to the\n" +
+				"routers in its config's bgp section, which spread the flows over the nodes\n" +
+				"with ECMP (every member must run a shoal that knows routed mode).",
 			Flags: []cli.Flag{
 				&cli.Uint64Flag{Name: "hash-seed", Usage: "the ownership hash's seed (0-4294967295)"},
 				&cli.DurationFlag{Name: "heartbeat-period", Usage: "one heartbeat per period (10ms-10s)"},
 				&cli.IntFlag{Name: "heartbeat-tolerance", Usage: "periods without a heartbeat before a peer is dead (2-100)"},
-				&cli.StringFlag{Name: "mac-mode", Usage: "the cluster MAC's mode: multicast or igmp"},
+				&cli.StringFlag{Name: "mac-mode", Usage: "how the VIPs are claimed: multicast, igmp or routed (BGP)"},
 			},
 			Action: func(c *cli.Context) error {
 				var req control.SettingsRequest
@@ -74,7 +77,7 @@ var settingsCommand = &cli.Command{
 				if c.IsSet("mac-mode") {
 					m, err := rules.ParseMACMode(c.String("mac-mode"))
 					if err != nil {
-						return usageError("settings set: --mac-mode %q: want multicast or igmp", c.String("mac-mode"))
+						return usageError("settings set: --mac-mode %q: want multicast, igmp or routed", c.String("mac-mode"))
 					}
 					req.MACMode = m.String()
 				}

@@ -67,7 +67,7 @@ func TestRulesSetAndSettings(t *testing.T) {
 			`POST /v1/settings {"heartbeat_period":"50ms","heartbeat_tolerance":10}`, "heartbeat period 75ms, tolerance 12"},
 		{"settings set nothing", []string{"settings", "set"}, exitUsage, "", "nothing to change"},
 		{"settings set mac mode", []string{"settings", "set", "--mac-mode", "igmp"}, 0, `POST /v1/settings {"mac_mode":"igmp"}`, "mac mode igmp"},
-		{"settings set bad mac mode", []string{"settings", "set", "--mac-mode", "unicast"}, exitUsage, "", "want multicast or igmp"},
+		{"settings set bad mac mode", []string{"settings", "set", "--mac-mode", "unicast"}, exitUsage, "", "want multicast, igmp or routed"},
 		{"settings seed too big", []string{"settings", "set", "--hash-seed", "4294967296"}, exitUsage, "", "over 4294967295"},
 		{"settings show", []string{"settings", "show"}, 0, "GET /v1/query", "cluster id 00000abc"},
 	}

@@ -40,8 +40,12 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	switch o.MACMode {
 	case "", "multicast":
 	case "igmp":
+	case "routed":
+		if family != Family4 {
+			return nil, fmt.Errorf("lab: routed mode: the lab's router announces IPv4 VIPs only (--family 4)")
+		}
 	default:
-		return nil, fmt.Errorf("lab: mac mode %q: want multicast or igmp", o.MACMode)
+		return nil, fmt.Errorf("lab: mac mode %q: want multicast, igmp or routed", o.MACMode)
 	}
 	if o.Base == "" {
 		o.Base = DefaultBase
@@ -69,6 +73,9 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if o.MACMode == "igmp" {
 		st.MACMode = o.MACMode
 		st.Bystander = &Host{Name: "bystander", Namespace: st.ID + "-bystander", BridgePort: "p-bystander"}
+	}
+	if o.MACMode == "routed" {
+		st.makeRouted()
 	}
 	st.KeepLogs = o.KeepLogs
 	st.Created = time.Now()
@@ -104,6 +111,11 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	}
 	if err := l.network(ctx); err != nil {
 		return l, err
+	}
+	if l.Router != nil {
+		if err := l.startRouter(ctx); err != nil {
+			return l, err
+		}
 	}
 	if o.NoAgents {
 		return l, nil
@@ -248,6 +260,9 @@ func (l *Lab) network(ctx context.Context) error {
 		if err := l.addNamespace(ctx, h.Namespace); err != nil {
 			return err
 		}
+		if h.BridgePort == "" {
+			continue // the routed lab's client: behind the router
+		}
 		steps := [][]string{
 			// Both ends are born in namespaces the lab owns: nothing ever
 			// appears in the root namespace.
@@ -270,6 +285,9 @@ func (l *Lab) network(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+	if l.Router != nil {
+		return l.routerNetwork(ctx)
 	}
 	return nil
 }
@@ -430,6 +448,11 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 	if err := l.waitConverged(ctx, l.Nodes, timeout); err != nil {
 		return err
 	}
+	if l.MACMode == "routed" {
+		if _, err := l.ctl.Run(ctx, l.Nodes[0].Socket, "settings", "set", "--mac-mode", "routed"); err != nil {
+			return fmt.Errorf("lab: routed mode: %w", err)
+		}
+	}
 	if l.MACMode == "igmp" {
 		if _, err := l.ctl.Run(ctx, l.Nodes[0].Socket, "settings", "set", "--mac-mode", "igmp"); err != nil {
 			return fmt.Errorf("lab: igmp mode: %w", err)
@@ -461,9 +484,27 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 		if len(RuleIDs(st)) < 1+len(l.VIPs()) { // the default host's rule and ours
 			return fmt.Errorf("rules accepted %v, want the port rules too", RuleIDs(st))
 		}
+		if l.Router != nil {
+			return nil // every node keeps what the router sends it: next hops below
+		}
 		return CoverFull(st, RuleIDs(st))
 	}); err != nil {
 		return fmt.Errorf("lab: the default rule did not reach every node: %w", err)
+	}
+	if l.Router != nil {
+		want := l.NodeAddrs()
+		if err := Poll(ctx, timeout, 50*time.Millisecond, func() error {
+			hops, err := l.NextHops(ctx, l.VIP)
+			if err != nil {
+				return err
+			}
+			if !slices.Equal(hops, want) {
+				return fmt.Errorf("the router's next hops for %s are %v, want every node %v", l.VIP, hops, want)
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("lab: routed mode: %w", err)
+		}
 	}
 	l.log.Info("lab ready", "vips", l.VIPs())
 	return nil
@@ -548,6 +589,9 @@ func (l *Lab) Down(ctx context.Context) error {
 		if err := unix.Unmount(bpf, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("lab: unmount %s: %w", bpf, err))
 		}
+	}
+	if err := l.removeFRRDir(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
 		if l.WebRoot != "" {

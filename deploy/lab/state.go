@@ -43,7 +43,7 @@ const (
 var idPattern = regexp.MustCompile(`^shl[0-9a-f]{4}$`)
 
 // nsPattern matches the namespaces labs create and captures the lab id.
-var nsPattern = regexp.MustCompile(`^(shl[0-9a-f]{4})-(sw|client|bystander|node[0-9]+)$`)
+var nsPattern = regexp.MustCompile(`^(shl[0-9a-f]{4})-(sw|client|bystander|router|node[0-9]+)$`)
 
 // ErrBadID is returned for a lab id that is not one of ours.
 var ErrBadID = errors.New("lab: not a lab id (want shl + 4 hex digits)")
@@ -71,7 +71,13 @@ type State struct {
 	// sits on it to count what reaches a port that joined nothing.
 	MACMode   string `json:"mac_mode,omitempty"`
 	Bystander *Host  `json:"bystander,omitempty"`
-	Binary    string `json:"binary"` // the shoal binary the processes run
+	// Router, in routed mode, is the namespace between the client's
+	// subnet and the nodes' LAN, running FRR: its Addr is on the LAN,
+	// Uplink on the client's subnet (198.19.<subnet>.0/24), where the
+	// client then sits instead of on the switch.
+	Router *Host      `json:"router,omitempty"`
+	Uplink netip.Addr `json:"uplink,omitzero"`
+	Binary string     `json:"binary"` // the shoal binary the processes run
 	// Namespaces lists the namespaces in creation order; a name is recorded
 	// before it is created.
 	Namespaces []string `json:"namespaces"`
@@ -271,6 +277,9 @@ func (s *State) HostByName(name string) (Host, bool) {
 	if name == s.Client.Name {
 		return s.Client, true
 	}
+	if s.Router != nil && name == s.Router.Name {
+		return *s.Router, true
+	}
 	if s.Bystander != nil && name == s.Bystander.Name {
 		return *s.Bystander, true
 	}
@@ -300,6 +309,43 @@ type AgentConfig struct {
 	Join            []string `yaml:"join,omitempty"`
 	HeartbeatPeriod string   `yaml:"heartbeat_period,omitempty"`
 	Drills          bool     `yaml:"drills"` // the lab is for drills: `shoal drill plug` over the peer API
+	BGP             *BGP     `yaml:"bgp,omitempty"`
+}
+
+// BGP is the agent config's bgp section, for routed mode.
+type BGP struct {
+	ASN       uint32        `yaml:"asn"`
+	Neighbors []BGPNeighbor `yaml:"neighbors"`
+}
+
+// BGPNeighbor is one router of a node.
+type BGPNeighbor struct {
+	Address string `yaml:"address"`
+	ASN     uint32 `yaml:"asn"`
+	BFD     struct {
+		Enabled  bool   `yaml:"enabled"`
+		Interval string `yaml:"interval"`
+	} `yaml:"bfd"`
+}
+
+// The routed lab's AS numbers: the router's, and node i's is NodeASN+i
+// (each node its own, as servers in a data centre often are).
+const (
+	RouterASN = 65000
+	NodeASN   = 65001
+)
+
+// BFDInterval is the lab's BFD interval on both sides (3 missed: 300 ms).
+const BFDInterval = 100 * time.Millisecond
+
+// makeRouted lays the lab out for routed mode: the router takes .1 on the
+// LAN, and the client moves behind it, to 198.19.<subnet>.10.
+func (s *State) makeRouted() {
+	s.MACMode = "routed"
+	s.Router = &Host{Name: "router", Namespace: s.ID + "-router", Addr: s.Client.Addr, BridgePort: "p-router"}
+	s.Uplink = netip.AddrFrom4([4]byte{198, 19, byte(s.Subnet), 1})
+	s.Client.Addr = netip.AddrFrom4([4]byte{198, 19, byte(s.Subnet), 10})
+	s.Client.BridgePort = ""
 }
 
 // AgentConfig returns the configuration of node i (0-based): node 0
@@ -327,6 +373,11 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 	}
 	if period > 0 {
 		c.HeartbeatPeriod = period.String()
+	}
+	if s.Router != nil {
+		c.BGP = &BGP{ASN: NodeASN + uint32(i), Neighbors: []BGPNeighbor{{Address: s.Router.Addr.String(), ASN: RouterASN}}}
+		c.BGP.Neighbors[0].BFD.Enabled = true
+		c.BGP.Neighbors[0].BFD.Interval = BFDInterval.String()
 	}
 	return c
 }

@@ -94,8 +94,8 @@ struct vip6_bucket {
 struct settings {
 	__u32 seed;
 	__u8 mac[6];
-	__u8 prev; // 1 + the version of filter.Tables.Prev; 0: none
-	__u8 pad;
+	__u8 prev;   // 1 + the version of filter.Tables.Prev; 0: none
+	__u8 routed; // filter.Tables.Routed: frames to this node's MAC are its own, never hand-overs
 };
 
 struct rule_info {
@@ -1034,7 +1034,7 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 	// copy made a request socket here just before the tables let go.
 	// Handed SYNs are counted apart, so every node still judges each
 	// client frame once.
-	if (f->syn && !f->first_frag && to_me(ctx, s->mac)) {
+	if (f->syn && !f->first_frag && !s->routed && to_me(ctx, s->mac)) {
 		if (st != ST_DRAINING || to != HAND_PENDING || lease_expired() ||
 		    holds_conn(ctx, f, (void *)(long)ctx->data, (void *)(long)ctx->data_end)) {
 			count(slot, C_HANDED_REFUSED);

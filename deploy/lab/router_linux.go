@@ -1,0 +1,220 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// The routed lab: a router namespace between the client's subnet and the
+// nodes' LAN runs FRR (zebra, bfdd, bgpd, Debian's), peers with every node
+// over eBGP with BFD, and spreads the VIP's flows over the nodes that
+// announce it with the kernel's ECMP and an L4 hash.
+
+//go:embed frr.conf.tmpl
+var frrTemplate string
+
+// frrDaemons are the FRR daemons the router runs, in start order.
+var frrDaemons = []string{"zebra", "bfdd", "bgpd"}
+
+// frrDir is where FRR keeps a lab router's sockets (vtysh -N <id> finds
+// them there), and where the lab puts its config: the daemons run as the
+// frr user, which cannot read the lab's own directory.
+func (s *State) frrDir() string { return filepath.Join("/var/run/frr", s.ID) }
+
+// routerNetwork puts the router on the switch and the client behind it,
+// with forwarding, an L4 multipath hash and default routes through it.
+func (l *Lab) routerNetwork(ctx context.Context) error {
+	r := l.Router
+	if err := l.addNamespace(ctx, r.Namespace); err != nil {
+		return err
+	}
+	uplink := "eth1"
+	steps := [][]string{
+		{"-n", l.Switch, "link", "add", r.BridgePort, "type", "veth", "peer", "name", Interface, "netns", r.Namespace},
+		{"-n", l.Switch, "link", "set", r.BridgePort, "master", Bridge},
+		{"-n", l.Switch, "link", "set", r.BridgePort, "up"},
+		{"-n", r.Namespace, "link", "set", Interface, "up"},
+		{"-n", r.Namespace, "addr", "add", r.Addr.String() + "/24", "dev", Interface},
+		{"-n", r.Namespace, "link", "add", uplink, "type", "veth", "peer", "name", Interface, "netns", l.Client.Namespace},
+		{"-n", r.Namespace, "link", "set", uplink, "up"},
+		{"-n", r.Namespace, "addr", "add", l.Uplink.String() + "/24", "dev", uplink},
+		{"-n", l.Client.Namespace, "link", "set", Interface, "up"},
+		{"-n", l.Client.Namespace, "addr", "add", l.Client.Addr.String() + "/24", "dev", Interface},
+		{"-n", l.Client.Namespace, "route", "add", "default", "via", l.Uplink.String()},
+	}
+	for _, n := range l.Nodes {
+		steps = append(steps, []string{"-n", n.Namespace, "route", "add", "default", "via", r.Addr.String()})
+	}
+	for _, s := range steps {
+		if _, err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	for key, value := range map[string]string{"net/ipv4/ip_forward": "1", "net/ipv4/fib_multipath_hash_policy": "1"} {
+		if err := sysctlIn(ctx, r.Namespace, key, value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// frrConfig renders the router's FRR configuration.
+func (l *Lab) frrConfig() ([]byte, error) {
+	t, err := template.New("frr").Parse(frrTemplate)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	err = t.Execute(&b, map[string]any{
+		"Name": l.ID + "-router", "Dir": l.frrDir(), "ASN": RouterASN, "RouterID": l.Router.Addr,
+		"MaxPaths":    64,
+		"BFDInterval": BFDInterval.Milliseconds(), "BFDMultiplier": 3, "Nodes": l.NodeAddrs(),
+	})
+	return b.Bytes(), err
+}
+
+// startRouter writes FRR's config and starts its daemons in the router
+// namespace, in the foreground as the lab's processes (Down stops them).
+func (l *Lab) startRouter(ctx context.Context) error {
+	for _, d := range frrDaemons {
+		if _, err := os.Stat(filepath.Join("/usr/lib/frr", d)); err != nil {
+			return fmt.Errorf("lab: routed mode needs FRR (apt-get install frr): %w", err)
+		}
+	}
+	frr, err := user.Lookup("frr")
+	if err != nil {
+		return fmt.Errorf("lab: routed mode needs FRR's user (apt-get install frr): %w", err)
+	}
+	uid, _ := strconv.Atoi(frr.Uid)
+	gid, _ := strconv.Atoi(frr.Gid)
+	dir := l.frrDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	conf, err := l.frrConfig()
+	if err != nil {
+		return fmt.Errorf("lab: frr config: %w", err)
+	}
+	path := filepath.Join(dir, "frr.conf")
+	if err := os.WriteFile(path, conf, 0o644); err != nil {
+		return fmt.Errorf("lab: frr config: %w", err)
+	}
+	for _, p := range []string{dir, path} {
+		if err := os.Chown(p, uid, gid); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+	}
+	for _, d := range frrDaemons {
+		if err := l.restartDaemon(ctx, d); err != nil {
+			return err
+		}
+		// Each daemon connects to zebra; vtysh finds them by their sockets.
+		if err := Poll(ctx, 10*time.Second, 20*time.Millisecond, func() error {
+			_, err := os.Stat(filepath.Join(dir, d+".vty"))
+			return err
+		}); err != nil {
+			return fmt.Errorf("lab: frr %s did not start: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// restartDaemon starts an FRR daemon of the router again (after it died
+// or was killed), with the arguments startRouter gave it.
+func (l *Lab) restartDaemon(ctx context.Context, d string) error {
+	dir := l.frrDir()
+	args := []string{"-N", l.ID, "-f", filepath.Join(dir, "frr.conf"), "-i", filepath.Join(dir, d+".pid"), "--log", "stdout"}
+	_, err := l.StartProgram(l.Router.Name, "frr-"+d, filepath.Join("/usr/lib/frr", d), args...)
+	return err
+}
+
+// Vtysh runs an FRR command on the lab's router and returns its output.
+func (l *Lab) Vtysh(ctx context.Context, command string) ([]byte, error) {
+	if l.Router == nil {
+		return nil, errors.New("lab: no router (not a routed lab)")
+	}
+	cmd := exec.CommandContext(ctx, "vtysh", "-N", l.ID, "-c", command)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("lab: vtysh -c %q: %w: %s", command, err, strings.TrimSpace(errOut.String()))
+	}
+	return out.Bytes(), nil
+}
+
+// NextHops returns the next hops of the router's route to vip in the
+// kernel (FRR's view of what zebra installed), sorted; none when it has
+// no route.
+func (l *Lab) NextHops(ctx context.Context, vip netip.Addr) ([]netip.Addr, error) {
+	out, err := l.Vtysh(ctx, "show ip route "+netip.PrefixFrom(vip, vip.BitLen()).String()+" json")
+	if err != nil {
+		return nil, err
+	}
+	return parseNextHops(out, vip)
+}
+
+// parseNextHops reads `show ip route PREFIX json`: the active next hops of
+// the installed route to vip.
+func parseNextHops(b []byte, vip netip.Addr) ([]netip.Addr, error) {
+	var routes map[string][]struct {
+		Installed bool `json:"installed"`
+		Nexthops  []struct {
+			IP     string `json:"ip"`
+			Active bool   `json:"active"`
+			FIB    bool   `json:"fib"`
+		} `json:"nexthops"`
+	}
+	if err := json.Unmarshal(b, &routes); err != nil {
+		return nil, fmt.Errorf("lab: show ip route: %w", err)
+	}
+	var hops []netip.Addr
+	for _, r := range routes[netip.PrefixFrom(vip, vip.BitLen()).String()] {
+		if !r.Installed {
+			continue
+		}
+		for _, h := range r.Nexthops {
+			if a, err := netip.ParseAddr(h.IP); err == nil && h.Active && h.FIB {
+				hops = append(hops, a)
+			}
+		}
+	}
+	slices.SortFunc(hops, netip.Addr.Compare)
+	return hops, nil
+}
+
+// removeFRRDir removes the router's FRR directory (its sockets, pid files
+// and config), once its daemons have stopped.
+func (s *State) removeFRRDir() error {
+	if s.Router == nil || !idPattern.MatchString(s.ID) {
+		return nil
+	}
+	if err := os.RemoveAll(s.frrDir()); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	return nil
+}
+
+// NodeAddrs returns the nodes' addresses, sorted: the next hops a router
+// should have for the VIP while every node is eligible.
+func (s *State) NodeAddrs() []netip.Addr {
+	var out []netip.Addr
+	for _, n := range s.Nodes {
+		out = append(out, n.Addr)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
