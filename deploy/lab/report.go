@@ -26,10 +26,21 @@ type Report struct {
 	// -1 if that did not happen within the timeout.
 	FailoverMS float64 `json:"failover_ms"`
 	// Failovers holds every pull's failover time, the first one included.
-	Failovers     []float64   `json:"failovers_ms,omitempty"`
-	FailoverP50MS float64     `json:"failover_p50_ms,omitempty"`
-	FailoverP99MS float64     `json:"failover_p99_ms,omitempty"`
-	FailoverMaxMS float64     `json:"failover_max_ms,omitempty"`
+	Failovers     []float64 `json:"failovers_ms,omitempty"`
+	FailoverP50MS float64   `json:"failover_p50_ms,omitempty"`
+	FailoverP99MS float64   `json:"failover_p99_ms,omitempty"`
+	FailoverMaxMS float64   `json:"failover_max_ms,omitempty"`
+	// Mode is "routed" for a routed lab, where each failover is the
+	// router's withdrawal of the victim (from the pull until its kernel
+	// route to the VIP no longer has it), and every pull is made under
+	// traffic: Recoveries holds, per pull, the time from the pull to the
+	// start of the last request that failed; LaterFailures the failed
+	// requests of the pulls after the first (the first's are in During).
+	Mode          string      `json:"mode,omitempty"`
+	Recoveries    []float64   `json:"recoveries_ms,omitempty"`
+	RecoveryP50MS float64     `json:"recovery_p50_ms,omitempty"`
+	RecoveryP99MS float64     `json:"recovery_p99_ms,omitempty"`
+	LaterFailures int         `json:"later_pulls_failed,omitempty"`
 	Before        load.Result `json:"before"`
 	During        load.Result `json:"during"`
 	After         load.Result `json:"after"`
@@ -52,7 +63,11 @@ type VIPReport struct {
 // WriteText prints the report for a person.
 func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "lab %s: %d nodes, VIP %s\n", r.Lab, r.Nodes, r.VIP)
-	fmt.Fprintf(w, "client resolved the VIP to %s\n", resolved(r.ClientARP, r.ClusterMAC))
+	if r.Mode == "routed" {
+		fmt.Fprintln(w, "routed mode: the client reaches the VIP through the lab's router (FRR, ECMP over the nodes)")
+	} else {
+		fmt.Fprintf(w, "client resolved the VIP to %s\n", resolved(r.ClientARP, r.ClusterMAC))
+	}
 	if r.Period != "" {
 		fmt.Fprintf(w, "heartbeat period %s\n", r.Period)
 	}
@@ -79,10 +94,14 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintln(w, "no plug was pulled")
 	case r.FailoverMS < 0:
 		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: the survivors did NOT cover every bucket in time\n", r.Victim, r.PullAtMS)
+	case r.Mode == "routed":
+		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: the router dropped it after %.0f ms\n", r.Victim, r.PullAtMS, r.FailoverMS)
+		fmt.Fprintf(w, "%d pulls under traffic: router withdrawal p50 %.0f ms, p99 %.0f ms; pull to the last failed request p50 %.0f ms, p99 %.0f ms; %d failed in the later pulls\n",
+			len(r.Failovers), r.FailoverP50MS, r.FailoverP99MS, r.RecoveryP50MS, r.RecoveryP99MS, r.LaterFailures)
 	default:
 		fmt.Fprintf(w, "plug pulled on %s at %.0f ms: every bucket owned again after %.0f ms\n", r.Victim, r.PullAtMS, r.FailoverMS)
 	}
-	if len(r.Failovers) > 1 {
+	if len(r.Failovers) > 1 && r.Mode != "routed" {
 		fmt.Fprintf(w, "%d pulls: failover p50 %.0f ms, p99 %.0f ms, max %.0f ms\n",
 			len(r.Failovers), r.FailoverP50MS, r.FailoverP99MS, r.FailoverMaxMS)
 	}
@@ -103,6 +122,14 @@ func (r *Report) summarizeFailovers() {
 	r.FailoverP50MS = ms(load.Percentile(d, 50))
 	r.FailoverP99MS = ms(load.Percentile(d, 99))
 	r.FailoverMaxMS = ms(d[len(d)-1]) // Percentile sorted d
+	if len(r.Recoveries) > 0 {
+		d := make([]time.Duration, len(r.Recoveries))
+		for i, f := range r.Recoveries {
+			d[i] = time.Duration(f * float64(time.Millisecond))
+		}
+		r.RecoveryP50MS = ms(load.Percentile(d, 50))
+		r.RecoveryP99MS = ms(load.Percentile(d, 99))
+	}
 }
 
 func phase(w io.Writer, name string, res load.Result) {

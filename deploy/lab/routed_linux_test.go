@@ -123,3 +123,37 @@ func TestRoutedAnnouncements(t *testing.T) {
 	}
 	hops(all, "bgpd restarted")
 }
+
+// TestRoutedRun: `shoal lab run --mac-mode routed --pulls 2`: every pull,
+// under traffic, is a next hop the router drops within a second (BFD at
+// 100 ms x 3), and no request fails outside the pulls.
+func TestRoutedRun(t *testing.T) {
+	needRoot(t)
+	needFRR(t)
+	if testing.Short() {
+		t.Skip("builds shoal and a routed lab; skipped with -short")
+	}
+	bin := buildShoal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, RunOptions{Options: Options{Nodes: 3, Binary: bin, MACMode: "routed", Base: t.TempDir()}, Pulls: 2, Duration: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Mode != "routed" || len(rep.Failovers) != 2 || len(rep.Recoveries) != 2 {
+		t.Fatalf("report: mode %q, %d withdrawals, %d recoveries; want routed, 2 and 2", rep.Mode, len(rep.Failovers), len(rep.Recoveries))
+	}
+	for i, w := range rep.Failovers {
+		if w >= 1000 {
+			t.Errorf("pull %d: the router dropped the victim after %.0f ms, want under 1 s", i+1, w)
+		}
+	}
+	if rep.Before.Failures != 0 || rep.After.Failures != 0 || rep.Before.Successes == 0 || rep.After.Successes == 0 {
+		t.Errorf("outside the pulls: before %d of %d failed, after %d of %d; want none", rep.Before.Failures, rep.Before.Requests, rep.After.Failures, rep.After.Requests)
+	}
+	if len(rep.Before.ByNode) != 3 || len(rep.After.ByNode) != 3 {
+		t.Errorf("served by %v before and %v after; want every node", rep.Before.ByNode, rep.After.ByNode)
+	}
+	t.Logf("withdrawals %v ms, pull to the last failed request %v ms; during the first pull %d of %d failed (ECMP rehashes the survivors' flows too)",
+		rep.Failovers, rep.Recoveries, rep.During.Failures, rep.During.Requests)
+}

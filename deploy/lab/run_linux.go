@@ -59,6 +59,13 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	la := LoadArgs{Duration: o.Duration, Concurrency: o.Concurrency, Rate: o.Rate}
 
 	l.progress(o.Progress, "traffic before the pull (%v, new connections)", o.Duration)
+	if l.Router != nil {
+		rep.ClusterMAC, rep.Mode = "", "routed"
+		if rep.Before, _, err = l.loadEach(ctx, la, nil, o.Progress); err != nil {
+			return rep, err
+		}
+		return rep, l.runRouted(ctx, o, rep)
+	}
 	var also []load.Result
 	if rep.Before, also, err = l.loadEach(ctx, la, others, o.Progress); err != nil {
 		return rep, err
