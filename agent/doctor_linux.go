@@ -202,5 +202,14 @@ func (a *Agent) doctorNode(ctx context.Context) doctor.Report {
 		return nil
 	}
 	env.ARPAnswered = func() uint64 { return a.host.Counters()["arp"]["replied"] + a.host.Counters()["ndp"]["replied"] }
+	if a.bgp != nil {
+		env.BGP = func() []doctor.BGPSession {
+			var out []doctor.BGPSession
+			for _, s := range a.bgp.Sessions() {
+				out = append(out, doctor.BGPSession{Neighbor: s.Neighbor.String(), State: s.State, BFD: s.BFD, LastError: s.LastError})
+			}
+			return out
+		}
+	}
 	return doctor.Run(ctx, env)
 }

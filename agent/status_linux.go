@@ -67,6 +67,7 @@ func (a *Agent) Status() control.Status {
 	}
 	s.Leader, _ = a.store.Leader()
 	s.RulesStopped = control.RulesStopped(a.store)
+	s.BGP = a.bgpInfo()
 	return s
 }
 

@@ -50,6 +50,8 @@ type Status struct {
 	// heartbeat for longer than its data-plane lease (SIGSTOP, a paused
 	// VM, starved of CPU) and released everything to rejoin.
 	Stalls uint64 `json:"stalls"`
+	// BGP is this node's speaker (routed mode); nil without one.
+	BGP *BGPInfo `json:"bgp,omitempty"`
 }
 
 // ViewInfo is the membership view a node acts on.

@@ -89,13 +89,24 @@ type Env struct {
 	// ARPAnswered is how many ARP requests (and Neighbor Solicitations)
 	// for the VIPs this node has answered since it started.
 	ARPAnswered func() uint64
+	// BGP, in routed mode, is the node's BGP sessions, one per configured
+	// neighbour; nil when the node has no bgp section.
+	BGP func() []BGPSession
+}
+
+// BGPSession is what the doctor needs of a BGP session.
+type BGPSession struct {
+	Neighbor  string
+	State     string // established, active, ...
+	BFD       string // up, down, init, ""
+	LastError string
 }
 
 // Run runs every check on env. The checks that talk to peers run
 // concurrently; the report's order is fixed.
 func Run(ctx context.Context, env Env) Report {
 	checks := []func(context.Context, Env) Check{
-		checkKernel, checkXDP, checkSysctls, checkClock, checkHeartbeats, checkPorts, checkClusterMAC, checkGateway,
+		checkKernel, checkXDP, checkSysctls, checkClock, checkHeartbeats, checkPorts, checkClusterMAC, checkGateway, checkBGP,
 	}
 	out := make([]Check, len(checks))
 	var wg sync.WaitGroup
@@ -306,6 +317,10 @@ const hypervisorHints = "on a virtual machine the hypervisor's switch must pass 
 
 func checkClusterMAC(ctx context.Context, env Env) Check {
 	c := Check{Name: "cluster_mac"}
+	if env.Mode == rules.MACRouted {
+		c.Verdict, c.Detail = VerdictSkip, "routed mode: no cluster MAC"
+		return c
+	}
 	if len(env.Peers) == 0 {
 		c.Verdict, c.Detail = VerdictSkip, "no peers registered"
 		return c
@@ -357,8 +372,52 @@ func checkClusterMAC(ctx context.Context, env Env) Check {
 	return c
 }
 
+// checkBGP, in routed mode, checks that every configured neighbour's
+// session is established (and its BFD session up, where it runs).
+func checkBGP(_ context.Context, env Env) Check {
+	c := Check{Name: "bgp"}
+	if env.Mode != rules.MACRouted {
+		c.Verdict, c.Detail = VerdictSkip, "not in routed mode"
+		return c
+	}
+	if env.BGP == nil {
+		c.Verdict, c.Detail = VerdictFail, "the cluster is in routed mode and this node has no bgp section: it announces nothing"
+		c.Fix = "add a bgp section (asn, neighbors) to this node's config (docs/ROUTED.md) and restart the agent"
+		return c
+	}
+	var down, up []string
+	for _, s := range env.BGP() {
+		switch {
+		case s.State != "established":
+			down = append(down, fmt.Sprintf("%s: session %s%s", s.Neighbor, s.State, orLastError(s.LastError)))
+		case s.BFD != "" && s.BFD != "up":
+			down = append(down, fmt.Sprintf("%s: bfd %s", s.Neighbor, s.BFD))
+		default:
+			up = append(up, s.Neighbor)
+		}
+	}
+	if len(down) > 0 {
+		c.Verdict, c.Detail = VerdictFail, strings.Join(down, "; ")
+		c.Fix = "check the router's config (the neighbour's address and AS, BFD), that TCP 179 and UDP 3784 pass between them, and the agent's log (docs/ROUTED.md)"
+		return c
+	}
+	c.Verdict, c.Detail = VerdictOK, "sessions established with "+strings.Join(up, ", ")
+	return c
+}
+
+func orLastError(e string) string {
+	if e == "" {
+		return ""
+	}
+	return " (" + e + ")"
+}
+
 func checkGateway(_ context.Context, env Env) Check {
 	c := Check{Name: "gateway"}
+	if env.Mode == rules.MACRouted {
+		c.Verdict, c.Detail = VerdictSkip, "routed mode: the routers learn the VIPs over BGP"
+		return c
+	}
 	if len(env.VIPs) == 0 {
 		c.Verdict, c.Detail = VerdictSkip, "no VIPs"
 		return c

@@ -41,6 +41,20 @@ func goodEnv() Env {
 	}
 }
 
+// routed puts env in routed mode with one neighbour's session as given.
+func routed(state, bfd string) func(*Env) {
+	return func(e *Env) {
+		e.Mode = rules.MACRouted
+		e.BGP = func() []BGPSession {
+			s := BGPSession{Neighbor: "198.18.1.1", State: state, BFD: bfd}
+			if state != "established" {
+				s.LastError = "connection refused"
+			}
+			return []BGPSession{s}
+		}
+	}
+}
+
 func TestDoctorVerdicts(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -103,17 +117,29 @@ func TestDoctorVerdicts(t *testing.T) {
 		{"no arp seen", func(e *Env) { e.ARPAnswered = func() uint64 { return 0 } },
 			"gateway", VerdictWarn, []string{"no ARP request", "ip neigh replace 198.18.1.100 lladdr 03:bf:c6:12:01:64 nud permanent"}},
 		{"single node", func(e *Env) { e.Peers = nil }, "cluster_mac", VerdictSkip, nil},
+		{"routed, sessions up", routed("established", "up"), "bgp", VerdictOK, []string{"198.18.1.1"}},
+		{"routed, session down", routed("active", ""), "bgp", VerdictFail, []string{"198.18.1.1: session active (connection refused)", "TCP 179"}},
+		{"routed, bfd down", routed("established", "down"), "bgp", VerdictFail, []string{"bfd down"}},
+		{"routed, no bgp section", func(e *Env) { e.Mode = rules.MACRouted }, "bgp", VerdictFail, []string{"no bgp section"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := goodEnv()
 			tt.change(&env)
 			rep := Run(context.Background(), env)
-			if len(rep.Checks) != 8 || rep.Node != "node1" {
-				t.Fatalf("report %+v: want 8 checks of node1", rep)
+			if len(rep.Checks) != 9 || rep.Node != "node1" {
+				t.Fatalf("report %+v: want 9 checks of node1", rep)
+			}
+			// Routed mode has no cluster MAC; the other modes no BGP.
+			skipped := map[string]bool{"bgp": true}
+			if env.Mode == rules.MACRouted {
+				skipped = map[string]bool{"cluster_mac": true, "gateway": true}
 			}
 			for _, c := range rep.Checks {
 				want := VerdictOK
+				if skipped[c.Name] {
+					want = VerdictSkip
+				}
 				if c.Name == tt.check {
 					want = tt.verdict
 				}

@@ -26,6 +26,7 @@ type collector struct {
 	accepted, dropped, handed, hb, arp, ndp            *prometheus.Desc
 	converged, healthy, buckets, conns, rulesIndex, up *prometheus.Desc
 	dpFailures, dpHealthy                              *prometheus.Desc
+	bgpSession, bgpBFD, bgpAnnounced, bgpEvents        *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -48,11 +49,17 @@ func newCollector(src Source) *collector {
 		up:         d("eligible_nodes", "Nodes in this node's current view."),
 		dpFailures: d("dataplane_update_failures_total", "Table pushes the data plane refused (the node then leaves the eligible set)."),
 		dpHealthy:  d("dataplane_healthy", "1 when the data plane takes this node's tables."),
+
+		bgpSession:   d("bgp_session_established", "1 while the BGP session to the neighbour is established (routed mode).", "neighbor"),
+		bgpBFD:       d("bgp_bfd_up", "1 while the BFD session to the neighbour is up (routed mode, neighbours with BFD).", "neighbor"),
+		bgpAnnounced: d("bgp_announced_vips", "VIPs this node announces over BGP now (routed mode)."),
+		bgpEvents:    d("bgp_events_total", "BGP speaker events: session_failures, withdrawn (announcements withdrawn).", "event"),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.handed, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy} {
+	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.handed, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy,
+		c.bgpSession, c.bgpBFD, c.bgpAnnounced, c.bgpEvents} {
 		ch <- d
 	}
 }
@@ -97,6 +104,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.up, float64(len(st.View.Eligible)))
 	counter(c.dpFailures, st.UpdateFailures)
 	gauge(c.dpHealthy, b2f(st.DataplaneHealthy))
+	if b := st.BGP; b != nil {
+		for _, s := range b.Sessions {
+			gauge(c.bgpSession, b2f(s.State == "established"), s.Neighbor.String())
+			if s.BFD != "" {
+				gauge(c.bgpBFD, b2f(s.BFD == "up"), s.Neighbor.String())
+			}
+		}
+		gauge(c.bgpAnnounced, float64(len(b.Announced)))
+		for _, ev := range []string{"session_failures", "withdrawn"} {
+			counter(c.bgpEvents, p.BGP[ev], ev)
+		}
+	}
 }
 
 func b2f(b bool) float64 {
