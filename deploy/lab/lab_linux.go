@@ -75,7 +75,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		st.Bystander = &Host{Name: "bystander", Namespace: st.ID + "-bystander", BridgePort: "p-bystander"}
 	}
 	if o.MACMode == "routed" {
-		st.makeRouted()
+		st.makeRouted(o.Routers)
 	}
 	st.KeepLogs = o.KeepLogs
 	st.Created = time.Now()
@@ -112,8 +112,8 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := l.network(ctx); err != nil {
 		return l, err
 	}
-	if l.Router != nil {
-		if err := l.startRouter(ctx); err != nil {
+	for _, r := range l.routers() {
+		if err := l.startRouter(ctx, r); err != nil {
 			return l, err
 		}
 	}

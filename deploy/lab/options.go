@@ -29,6 +29,10 @@ type Options struct {
 	// igmp before the port rule (see SnoopByMAC); "" or "multicast": the
 	// flooding switch of NLB's multicast mode.
 	MACMode string
+	// Routers, in routed mode, is how many routers the nodes peer with
+	// (1 if zero): the first is between the client and the nodes; a
+	// second sits on the nodes' LAN only.
+	Routers int
 	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger // discards if nil

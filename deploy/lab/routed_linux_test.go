@@ -2,15 +2,19 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shoalnet/shoal/deploy/lab/load"
 )
 
 // routedServer is Apache where Debian's is installed (CI installs it), the
@@ -118,7 +122,7 @@ func TestRoutedAnnouncements(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.restartDaemon(ctx, "bgpd"); err != nil {
+	if err := l.restartDaemon(ctx, l.Router, "bgpd"); err != nil {
 		t.Fatal(err)
 	}
 	hops(all, "bgpd restarted")
@@ -156,4 +160,138 @@ func TestRoutedRun(t *testing.T) {
 	}
 	t.Logf("withdrawals %v ms, pull to the last failed request %v ms; during the first pull %d of %d failed (ECMP rehashes the survivors' flows too)",
 		rep.Failovers, rep.Recoveries, rep.During.Failures, rep.During.Requests)
+}
+
+// TestRoutedNeighborFlap: a second router whose sessions flap 10 times
+// while traffic goes through the first changes nothing for the first (its
+// kernel route to the VIP keeps every node), fails no request, and costs
+// no heartbeat: no node declares a peer dead.
+func TestRoutedNeighborFlap(t *testing.T) {
+	needRoot(t)
+	needFRR(t)
+	if testing.Short() {
+		t.Skip("builds shoal and a routed lab; skipped with -short")
+	}
+	bin := buildShoal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	l := upLab(ctx, t, Options{Nodes: 3, Binary: bin, MACMode: "routed", Routers: 2})
+	all := l.NodeAddrs()
+	established := func() error {
+		out, err := l.VtyshOn(ctx, l.Router2, "show bgp summary json")
+		if err != nil {
+			return err
+		}
+		var sum struct {
+			IPv4 struct {
+				Peers map[string]struct {
+					State string `json:"state"`
+				} `json:"peers"`
+			} `json:"ipv4Unicast"`
+		}
+		if err := json.Unmarshal(out, &sum); err != nil {
+			return err
+		}
+		up := 0
+		for _, p := range sum.IPv4.Peers {
+			if p.State == "Established" {
+				up++
+			}
+		}
+		if up != len(l.Nodes) {
+			return fmt.Errorf("router2 has %d of %d sessions established", up, len(l.Nodes))
+		}
+		return nil
+	}
+	if err := Poll(ctx, 30*time.Second, 50*time.Millisecond, established); err != nil {
+		t.Fatal(err)
+	}
+	deaths := func() (n uint64) {
+		t.Helper()
+		for _, node := range l.Nodes {
+			out, err := l.CLI(ctx, node.Name, "status", "--json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st struct {
+				PeerDeaths uint64 `json:"peer_deaths"`
+			}
+			if err := json.Unmarshal(out, &st); err != nil {
+				t.Fatal(err)
+			}
+			n += st.PeerDeaths
+		}
+		return n
+	}
+	before := deaths()
+
+	// The first router's route (FRR's view of the kernel's), polled
+	// through the flaps.
+	watch, stopWatch := context.WithCancel(ctx)
+	var seen [][]netip.Addr
+	var seenMu sync.Mutex
+	go func() {
+		for watch.Err() == nil {
+			hops, err := l.NextHops(watch, l.VIP)
+			if err == nil && !slices.Equal(hops, all) {
+				seenMu.Lock()
+				seen = append(seen, hops)
+				seenMu.Unlock()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	type result struct {
+		res load.Result
+		err error
+	}
+	done := make(chan result, 1)
+	started := make(chan struct{})
+	go func() {
+		r, err := l.Load(ctx, LoadArgs{URL: URL(l.VIP), Duration: 90 * time.Second, Concurrency: 4, OnStart: func() { close(started) }}, nil)
+		done <- result{r, err}
+	}()
+	<-started
+	flaps := 0
+	for flaps < 10 && ctx.Err() == nil {
+		select {
+		case r := <-done:
+			done <- r
+			t.Fatalf("the load ended after %d flaps", flaps)
+		default:
+		}
+		if _, err := l.VtyshOn(ctx, l.Router2, "clear bgp *"); err != nil {
+			t.Fatal(err)
+		}
+		if err := Poll(ctx, 5*time.Second, 20*time.Millisecond, func() error {
+			if established() == nil {
+				return fmt.Errorf("not reset yet")
+			}
+			return nil
+		}); err != nil {
+			t.Logf("flap %d: the reset was not seen (it may have been quicker than the poll): %v", flaps+1, err)
+		}
+		if err := Poll(ctx, 20*time.Second, 50*time.Millisecond, established); err != nil {
+			t.Fatalf("flap %d: %v", flaps+1, err)
+		}
+		flaps++
+	}
+	r := <-done
+	stopWatch()
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.res.Failures != 0 || len(r.res.ByNode) != len(l.Nodes) {
+		t.Errorf("through router1 during %d flaps of router2: %d of %d requests failed, served by %v; want none failed, every node serving", flaps, r.res.Failures, r.res.Requests, r.res.ByNode)
+	}
+	seenMu.Lock()
+	if len(seen) > 0 {
+		t.Errorf("router1's next hops changed during the flaps: %v", seen)
+	}
+	seenMu.Unlock()
+	if after := deaths(); after != before {
+		t.Errorf("peers declared dead during the flaps: %d, before %d", after, before)
+	}
+	t.Logf("%d flaps of router2: %d requests through router1, %d failed, served by %v", flaps, r.res.Requests, r.res.Failures, r.res.ByNode)
 }

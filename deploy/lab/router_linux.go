@@ -30,10 +30,10 @@ var frrTemplate string
 // frrDaemons are the FRR daemons the router runs, in start order.
 var frrDaemons = []string{"zebra", "bfdd", "bgpd"}
 
-// frrDir is where FRR keeps a lab router's sockets (vtysh -N <id> finds
-// them there), and where the lab puts its config: the daemons run as the
-// frr user, which cannot read the lab's own directory.
-func (s *State) frrDir() string { return filepath.Join("/var/run/frr", s.ID) }
+// frrDir is where FRR keeps a lab router's sockets (vtysh -N finds them
+// there), and where the lab puts its config: the daemons run as the frr
+// user, which cannot read the lab's own directory.
+func (s *State) frrDir(r *Host) string { return filepath.Join("/var/run/frr", s.pathspace(r)) }
 
 // routerNetwork puts the router on the switch and the client behind it,
 // with forwarding, an L4 multipath hash and default routes through it.
@@ -69,27 +69,43 @@ func (l *Lab) routerNetwork(ctx context.Context) error {
 			return err
 		}
 	}
+	if r2 := l.Router2; r2 != nil {
+		if err := l.addNamespace(ctx, r2.Namespace); err != nil {
+			return err
+		}
+		for _, s := range [][]string{
+			{"-n", l.Switch, "link", "add", r2.BridgePort, "type", "veth", "peer", "name", Interface, "netns", r2.Namespace},
+			{"-n", l.Switch, "link", "set", r2.BridgePort, "master", Bridge},
+			{"-n", l.Switch, "link", "set", r2.BridgePort, "up"},
+			{"-n", r2.Namespace, "link", "set", Interface, "up"},
+			{"-n", r2.Namespace, "addr", "add", r2.Addr.String() + "/24", "dev", Interface},
+		} {
+			if _, err := ip(ctx, s...); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
-// frrConfig renders the router's FRR configuration.
-func (l *Lab) frrConfig() ([]byte, error) {
+// frrConfig renders router r's FRR configuration.
+func (l *Lab) frrConfig(r *Host) ([]byte, error) {
 	t, err := template.New("frr").Parse(frrTemplate)
 	if err != nil {
 		return nil, err
 	}
 	var b bytes.Buffer
 	err = t.Execute(&b, map[string]any{
-		"Name": l.ID + "-router", "Dir": l.frrDir(), "ASN": RouterASN, "RouterID": l.Router.Addr,
+		"Name": r.Namespace, "Dir": l.frrDir(r), "ASN": RouterASN, "RouterID": r.Addr,
 		"MaxPaths":    64,
 		"BFDInterval": BFDInterval.Milliseconds(), "BFDMultiplier": 3, "Nodes": l.NodeAddrs(),
 	})
 	return b.Bytes(), err
 }
 
-// startRouter writes FRR's config and starts its daemons in the router
+// startRouter writes FRR's config and starts its daemons in router r's
 // namespace, in the foreground as the lab's processes (Down stops them).
-func (l *Lab) startRouter(ctx context.Context) error {
+func (l *Lab) startRouter(ctx context.Context, r *Host) error {
 	for _, d := range frrDaemons {
 		if _, err := os.Stat(filepath.Join("/usr/lib/frr", d)); err != nil {
 			return fmt.Errorf("lab: routed mode needs FRR (apt-get install frr): %w", err)
@@ -101,11 +117,11 @@ func (l *Lab) startRouter(ctx context.Context) error {
 	}
 	uid, _ := strconv.Atoi(frr.Uid)
 	gid, _ := strconv.Atoi(frr.Gid)
-	dir := l.frrDir()
+	dir := l.frrDir(r)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	conf, err := l.frrConfig()
+	conf, err := l.frrConfig(r)
 	if err != nil {
 		return fmt.Errorf("lab: frr config: %w", err)
 	}
@@ -119,7 +135,7 @@ func (l *Lab) startRouter(ctx context.Context) error {
 		}
 	}
 	for _, d := range frrDaemons {
-		if err := l.restartDaemon(ctx, d); err != nil {
+		if err := l.restartDaemon(ctx, r, d); err != nil {
 			return err
 		}
 		// Each daemon connects to zebra; vtysh finds them by their sockets.
@@ -133,21 +149,26 @@ func (l *Lab) startRouter(ctx context.Context) error {
 	return nil
 }
 
-// restartDaemon starts an FRR daemon of the router again (after it died
-// or was killed), with the arguments startRouter gave it.
-func (l *Lab) restartDaemon(ctx context.Context, d string) error {
-	dir := l.frrDir()
-	args := []string{"-N", l.ID, "-f", filepath.Join(dir, "frr.conf"), "-i", filepath.Join(dir, d+".pid"), "--log", "stdout"}
-	_, err := l.StartProgram(l.Router.Name, "frr-"+d, filepath.Join("/usr/lib/frr", d), args...)
+// restartDaemon starts an FRR daemon of router r (again, after it died or
+// was killed).
+func (l *Lab) restartDaemon(ctx context.Context, r *Host, d string) error {
+	dir := l.frrDir(r)
+	args := []string{"-N", l.pathspace(r), "-f", filepath.Join(dir, "frr.conf"), "-i", filepath.Join(dir, d+".pid"), "--log", "stdout"}
+	_, err := l.StartProgram(r.Name, "frr-"+d, filepath.Join("/usr/lib/frr", d), args...)
 	return err
 }
 
 // Vtysh runs an FRR command on the lab's router and returns its output.
 func (l *Lab) Vtysh(ctx context.Context, command string) ([]byte, error) {
-	if l.Router == nil {
-		return nil, errors.New("lab: no router (not a routed lab)")
+	return l.VtyshOn(ctx, l.Router, command)
+}
+
+// VtyshOn runs an FRR command on router r.
+func (l *Lab) VtyshOn(ctx context.Context, r *Host, command string) ([]byte, error) {
+	if r == nil {
+		return nil, errors.New("lab: no such router (not a routed lab?)")
 	}
-	cmd := exec.CommandContext(ctx, "vtysh", "-N", l.ID, "-c", command)
+	cmd := exec.CommandContext(ctx, "vtysh", "-N", l.pathspace(r), "-c", command)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
@@ -199,11 +220,13 @@ func parseNextHops(b []byte, vip netip.Addr) ([]netip.Addr, error) {
 // removeFRRDir removes the router's FRR directory (its sockets, pid files
 // and config), once its daemons have stopped.
 func (s *State) removeFRRDir() error {
-	if s.Router == nil || !idPattern.MatchString(s.ID) {
+	if !idPattern.MatchString(s.ID) {
 		return nil
 	}
-	if err := os.RemoveAll(s.frrDir()); err != nil {
-		return fmt.Errorf("lab: %w", err)
+	for _, r := range s.routers() {
+		if err := os.RemoveAll(s.frrDir(r)); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
 	}
 	return nil
 }

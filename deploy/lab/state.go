@@ -43,7 +43,7 @@ const (
 var idPattern = regexp.MustCompile(`^shl[0-9a-f]{4}$`)
 
 // nsPattern matches the namespaces labs create and captures the lab id.
-var nsPattern = regexp.MustCompile(`^(shl[0-9a-f]{4})-(sw|client|bystander|router|node[0-9]+)$`)
+var nsPattern = regexp.MustCompile(`^(shl[0-9a-f]{4})-(sw|client|bystander|router2?|node[0-9]+)$`)
 
 // ErrBadID is returned for a lab id that is not one of ours.
 var ErrBadID = errors.New("lab: not a lab id (want shl + 4 hex digits)")
@@ -77,7 +77,11 @@ type State struct {
 	// client then sits instead of on the switch.
 	Router *Host      `json:"router,omitempty"`
 	Uplink netip.Addr `json:"uplink,omitzero"`
-	Binary string     `json:"binary"` // the shoal binary the processes run
+	// Router2, if set, is a second router on the nodes' LAN only (.2),
+	// which every node peers with too: a neighbour to flap while traffic
+	// goes through the first.
+	Router2 *Host  `json:"router2,omitempty"`
+	Binary  string `json:"binary"` // the shoal binary the processes run
 	// Namespaces lists the namespaces in creation order; a name is recorded
 	// before it is created.
 	Namespaces []string `json:"namespaces"`
@@ -277,8 +281,10 @@ func (s *State) HostByName(name string) (Host, bool) {
 	if name == s.Client.Name {
 		return s.Client, true
 	}
-	if s.Router != nil && name == s.Router.Name {
-		return *s.Router, true
+	for _, r := range s.routers() {
+		if name == r.Name {
+			return *r, true
+		}
 	}
 	if s.Bystander != nil && name == s.Bystander.Name {
 		return *s.Bystander, true
@@ -339,10 +345,14 @@ const (
 const BFDInterval = 100 * time.Millisecond
 
 // makeRouted lays the lab out for routed mode: the router takes .1 on the
-// LAN, and the client moves behind it, to 198.19.<subnet>.10.
-func (s *State) makeRouted() {
+// LAN, and the client moves behind it, to 198.19.<subnet>.10; with two
+// routers, the second takes .2.
+func (s *State) makeRouted(routers int) {
 	s.MACMode = "routed"
 	s.Router = &Host{Name: "router", Namespace: s.ID + "-router", Addr: s.Client.Addr, BridgePort: "p-router"}
+	if routers > 1 {
+		s.Router2 = &Host{Name: "router2", Namespace: s.ID + "-router2", Addr: s.Client.Addr.Next(), BridgePort: "p-router2"}
+	}
 	s.Uplink = netip.AddrFrom4([4]byte{198, 19, byte(s.Subnet), 1})
 	s.Client.Addr = netip.AddrFrom4([4]byte{198, 19, byte(s.Subnet), 10})
 	s.Client.BridgePort = ""
@@ -375,9 +385,13 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 		c.HeartbeatPeriod = period.String()
 	}
 	if s.Router != nil {
-		c.BGP = &BGP{ASN: NodeASN + uint32(i), Neighbors: []BGPNeighbor{{Address: s.Router.Addr.String(), ASN: RouterASN}}}
-		c.BGP.Neighbors[0].BFD.Enabled = true
-		c.BGP.Neighbors[0].BFD.Interval = BFDInterval.String()
+		c.BGP = &BGP{ASN: NodeASN + uint32(i)}
+		for _, r := range s.routers() {
+			n := BGPNeighbor{Address: r.Addr.String(), ASN: RouterASN}
+			n.BFD.Enabled = true
+			n.BFD.Interval = BFDInterval.String()
+			c.BGP.Neighbors = append(c.BGP.Neighbors, n)
+		}
 	}
 	return c
 }
@@ -450,4 +464,25 @@ func parseNetnsList(out string) []string {
 		}
 	}
 	return names
+}
+
+// routers returns the lab's routers: the one between the client and the
+// nodes, and the second one, on the nodes' LAN only, if there is one.
+func (s *State) routers() []*Host {
+	var out []*Host
+	for _, r := range []*Host{s.Router, s.Router2} {
+		if r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// pathspace is a router's FRR instance name (vtysh -N): the lab id, and
+// for the second router the lab id and "b".
+func (s *State) pathspace(r *Host) string {
+	if r == s.Router2 {
+		return s.ID + "b"
+	}
+	return s.ID
 }
