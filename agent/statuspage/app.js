@@ -96,6 +96,16 @@
       return box;
     }));
 
+    const bgp = d.bgp;
+    $("bgp-section").hidden = !bgp;
+    if (bgp) {
+      const announced = Object.keys(bgp.announced || {});
+      $("bgp").replaceChildren(...(bgp.sessions || []).map((s) => el("li", { "data-neighbor": s.neighbor },
+        el("span", { text: s.neighbor + " (AS " + s.asn + "): " + s.state + (s.bfd ? ", BFD " + s.bfd : "") }),
+        el("span", { class: "muted", text: s.last_error ? " · " + s.last_error : "" }))),
+        el("li", { class: "muted", text: announced.length ? "announcing " + announced.join(", ") : "announcing nothing (not eligible)" }));
+    }
+
     const views = d.view_changes || [];
     $("views").replaceChildren(...(views.length ? views.map((v) => el("li", {},
       el("time", { text: fmtTime(v.at) }),

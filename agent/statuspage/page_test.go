@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/shoalnet/shoal/agent/announce"
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
@@ -41,7 +43,9 @@ func TestStatusPage(t *testing.T) {
 			{ID: 2, Name: "web2", Admin: "draining", Live: true, APIAddr: "198.18.0.12:7948"},
 			{ID: 3, Name: "web3", Admin: "started", Live: true, APIAddr: "198.18.0.13:7948"},
 			{ID: 4, Name: "web4", Admin: "started", Live: false, APIAddr: "198.18.0.14:7948"},
-		}, Rules: []control.RuleInfo{{ID: 1, VIP: "198.18.0.100", Ports: "80", Proto: "tcp"}}},
+		}, Rules: []control.RuleInfo{{ID: 1, VIP: "198.18.0.100", Ports: "80", Proto: "tcp"}},
+			BGP: &control.BGPInfo{Sessions: []announce.Session{{Neighbor: netip.MustParseAddr("198.18.0.1"), ASN: 65000, State: "established", BFD: "up"}},
+				Announced: map[netip.Addr]time.Time{netip.MustParseAddr("198.18.0.100"): time.Unix(1, 0)}}},
 		st: control.Status{Admin: "started", Converged: true, Connections: 5, Draining: map[filter.RuleID]int{1: 3}},
 		p: control.Params{Packets: map[filter.RuleID]control.PacketCounters{
 			0: {Accepted: 1, Dropped: map[string]uint64{"not_owned": 2}},
@@ -106,6 +110,12 @@ func TestStatusPage(t *testing.T) {
 		default:
 			got[n.Name] = "error: " + n.SampleError
 		}
+	}
+	if b := page.BGP; b == nil || len(b.Sessions) != 1 || b.Sessions[0].State != "established" || len(b.Announced) != 1 {
+		t.Errorf("the page's bgp: %+v, want the node's one session and one announcement", b)
+	}
+	if js, _ := get("/statuspage/app.js"); !strings.Contains(js, "bgp-section") {
+		t.Error("app.js does not show the bgp sessions")
 	}
 	want := map[string]string{"web1": "started", "web2": "draining", "web3": "error: connection refused", "web4": "error: not live"}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -71,6 +71,28 @@ func TestRoutedAnnouncements(t *testing.T) {
 		return slices.DeleteFunc(slices.Clone(all), func(a netip.Addr) bool { return a == l.Nodes[i].Addr })
 	}
 	hops(all, "up")
+	// Each node shows its session (BGP established, BFD up) and what it
+	// announces in `shoal query`.
+	for _, n := range l.Nodes {
+		out, err := l.CLI(ctx, n.Name, "query", "--json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var q struct {
+			BGP *struct {
+				Sessions []struct {
+					Neighbor, State, BFD string
+				}
+				Announced map[string]time.Time
+			}
+		}
+		if err := json.Unmarshal(out, &q); err != nil {
+			t.Fatal(err)
+		}
+		if q.BGP == nil || len(q.BGP.Sessions) != 1 || q.BGP.Sessions[0].State != "established" || q.BGP.Sessions[0].BFD != "up" || len(q.BGP.Announced) != 1 {
+			t.Errorf("%s: query's bgp %+v, want one session established with BFD up, and the VIP announced", n.Name, q.BGP)
+		}
+	}
 
 	res, err := l.Load(ctx, LoadArgs{URL: URL(l.VIP), Duration: 2 * time.Second, Concurrency: 8}, nil)
 	if err != nil {
