@@ -42,6 +42,7 @@ var drillCommand = &cli.Command{
 		&cli.DurationFlag{Name: "period", Usage: "lab: heartbeat period of the agents (default: the agent's)"},
 		&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin), Usage: "lab: the HTTP server on every node: builtin, dualstack, nginx or apache"},
 		&cli.StringFlag{Name: "family", Value: string(lab.Family4), Usage: "lab: the VIP's address family: 4 or 6 (dual: the drill's traffic goes to the IPv4 VIP)"},
+		&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "lab: the cluster's mode: multicast, igmp or routed (FRR in front of the nodes, ECMP; docs/ROUTED.md)"},
 		&cli.StringFlag{Name: "binary", Hidden: true, Usage: "lab: the shoal binary the namespaces run (default: this one)"},
 		labKeepLogsFlag,
 		labBaseFlag,

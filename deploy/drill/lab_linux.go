@@ -261,6 +261,11 @@ func (d *labDrill) signal(sig syscall.Signal) (lab.Proc, error) {
 // without passes when every node but the victim has converged on a view
 // without it and together they accept every bucket.
 func (d *labDrill) without(ctx context.Context, victimID uint32) error {
+	if d.l.Router != nil {
+		// Routed mode: settled once the router's route no longer has the
+		// victim (every node keeps what the router sends it).
+		return d.nextHops(ctx, func(a netip.Addr) bool { return a != d.victim.Addr })
+	}
 	var rest []lab.Host
 	for _, n := range d.l.Nodes {
 		if n.Name != d.victim.Name {
@@ -284,6 +289,9 @@ func (d *labDrill) all(ctx context.Context, minIndex uint64, mustAccept uint32) 
 	}
 	if err := lab.RulesAt(st, minIndex); err != nil {
 		return err
+	}
+	if d.l.Router != nil {
+		return d.nextHops(ctx, func(netip.Addr) bool { return true })
 	}
 	if err := lab.Ready(st, len(d.l.Nodes)); err != nil {
 		return err
@@ -328,4 +336,18 @@ func trafficStarted(ctx context.Context, agents map[string]*agentAPI, timeout ti
 		time.Sleep(20 * time.Millisecond)
 	}
 	return time.Now()
+}
+
+// nextHops passes when the lab router's route to the VIP has exactly the
+// nodes keep says, as next hops.
+func (d *labDrill) nextHops(ctx context.Context, keep func(netip.Addr) bool) error {
+	want := slices.DeleteFunc(d.l.NodeAddrs(), func(a netip.Addr) bool { return !keep(a) })
+	hops, err := d.l.NextHops(ctx, d.l.VIP)
+	if err != nil {
+		return err
+	}
+	if !slices.Equal(hops, want) {
+		return fmt.Errorf("the router's next hops are %v, want %v", hops, want)
+	}
+	return nil
 }
