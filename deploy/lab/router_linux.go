@@ -59,12 +59,27 @@ func (l *Lab) routerNetwork(ctx context.Context) error {
 	for _, n := range l.Nodes {
 		steps = append(steps, []string{"-n", n.Namespace, "route", "add", "default", "via", r.Addr.String()})
 	}
+	if r.Addr6.IsValid() {
+		steps = append(steps,
+			[]string{"-n", r.Namespace, "addr", "add", r.Addr6.String() + "/64", "dev", Interface, "nodad"},
+			[]string{"-n", r.Namespace, "addr", "add", l.Uplink6.String() + "/64", "dev", uplink, "nodad"},
+			[]string{"-n", l.Client.Namespace, "addr", "add", l.Client.Addr6.String() + "/64", "dev", Interface, "nodad"},
+			[]string{"-n", l.Client.Namespace, "-6", "route", "add", "default", "via", l.Uplink6.String()})
+		for _, n := range l.Nodes {
+			steps = append(steps, []string{"-n", n.Namespace, "-6", "route", "add", "default", "via", r.Addr6.String()})
+		}
+	}
 	for _, s := range steps {
 		if _, err := ip(ctx, s...); err != nil {
 			return err
 		}
 	}
-	for key, value := range map[string]string{"net/ipv4/ip_forward": "1", "net/ipv4/fib_multipath_hash_policy": "1"} {
+	sysctls := map[string]string{"net/ipv4/ip_forward": "1", "net/ipv4/fib_multipath_hash_policy": "1"}
+	if r.Addr6.IsValid() {
+		sysctls["net/ipv6/conf/all/forwarding"] = "1"
+		sysctls["net/ipv6/fib_multipath_hash_policy"] = "1"
+	}
+	for key, value := range sysctls {
 		if err := sysctlIn(ctx, r.Namespace, key, value); err != nil {
 			return err
 		}
@@ -98,7 +113,7 @@ func (l *Lab) frrConfig(r *Host) ([]byte, error) {
 	err = t.Execute(&b, map[string]any{
 		"Name": r.Namespace, "Dir": l.frrDir(r), "ASN": RouterASN, "RouterID": r.Addr,
 		"MaxPaths":    64,
-		"BFDInterval": BFDInterval.Milliseconds(), "BFDMultiplier": 3, "Nodes": l.NodeAddrs(),
+		"BFDInterval": BFDInterval.Milliseconds(), "BFDMultiplier": 3, "Nodes": l.NodeAddrs(), "IPv6": l.Family.HasIPv6(),
 	})
 	return b.Bytes(), err
 }
@@ -181,7 +196,11 @@ func (l *Lab) VtyshOn(ctx context.Context, r *Host, command string) ([]byte, err
 // kernel (FRR's view of what zebra installed), sorted; none when it has
 // no route.
 func (l *Lab) NextHops(ctx context.Context, vip netip.Addr) ([]netip.Addr, error) {
-	out, err := l.Vtysh(ctx, "show ip route "+netip.PrefixFrom(vip, vip.BitLen()).String()+" json")
+	show := "show ip route "
+	if vip.Is6() {
+		show = "show ipv6 route "
+	}
+	out, err := l.Vtysh(ctx, show+netip.PrefixFrom(vip, vip.BitLen()).String()+" json")
 	if err != nil {
 		return nil, err
 	}
@@ -233,10 +252,17 @@ func (s *State) removeFRRDir() error {
 
 // NodeAddrs returns the nodes' addresses, sorted: the next hops a router
 // should have for the VIP while every node is eligible.
-func (s *State) NodeAddrs() []netip.Addr {
+func (s *State) NodeAddrs() []netip.Addr { return s.NodeAddrsFor(s.VIP) }
+
+// NodeAddrsFor returns the nodes' addresses of vip's family, sorted.
+func (s *State) NodeAddrsFor(vip netip.Addr) []netip.Addr {
 	var out []netip.Addr
 	for _, n := range s.Nodes {
-		out = append(out, n.Addr)
+		if vip.Is6() {
+			out = append(out, n.Addr6)
+		} else {
+			out = append(out, n.Addr)
+		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out

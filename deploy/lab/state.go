@@ -75,8 +75,9 @@ type State struct {
 	// subnet and the nodes' LAN, running FRR: its Addr is on the LAN,
 	// Uplink on the client's subnet (198.19.<subnet>.0/24), where the
 	// client then sits instead of on the switch.
-	Router *Host      `json:"router,omitempty"`
-	Uplink netip.Addr `json:"uplink,omitzero"`
+	Router  *Host      `json:"router,omitempty"`
+	Uplink  netip.Addr `json:"uplink,omitzero"`
+	Uplink6 netip.Addr `json:"uplink6,omitzero"` // with IPv6: 2001:db8:1:<subnet>::1
 	// Router2, if set, is a second router on the nodes' LAN only (.2),
 	// which every node peers with too: a neighbour to flap while traffic
 	// goes through the first.
@@ -321,6 +322,7 @@ type AgentConfig struct {
 // BGP is the agent config's bgp section, for routed mode.
 type BGP struct {
 	ASN       uint32        `yaml:"asn"`
+	NextHop6  string        `yaml:"next_hop6,omitempty"`
 	Neighbors []BGPNeighbor `yaml:"neighbors"`
 }
 
@@ -349,7 +351,14 @@ const BFDInterval = 100 * time.Millisecond
 // routers, the second takes .2.
 func (s *State) makeRouted(routers int) {
 	s.MACMode = "routed"
-	s.Router = &Host{Name: "router", Namespace: s.ID + "-router", Addr: s.Client.Addr, BridgePort: "p-router"}
+	s.Router = &Host{Name: "router", Namespace: s.ID + "-router", Addr: s.Client.Addr, Addr6: s.Client.Addr6, BridgePort: "p-router"}
+	if s.Client.Addr6.IsValid() {
+		b := s.Client.Addr6.As16()
+		b[5] = 1 // 2001:db8:1:<subnet>::
+		s.Uplink6 = netip.AddrFrom16(b)
+		b[15] = 0x10
+		s.Client.Addr6 = netip.AddrFrom16(b)
+	}
 	if routers > 1 {
 		s.Router2 = &Host{Name: "router2", Namespace: s.ID + "-router2", Addr: s.Client.Addr.Next(), BridgePort: "p-router2"}
 	}
@@ -386,6 +395,9 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 	}
 	if s.Router != nil {
 		c.BGP = &BGP{ASN: NodeASN + uint32(i)}
+		if n.Addr6.IsValid() {
+			c.BGP.NextHop6 = n.Addr6.String()
+		}
 		for _, r := range s.routers() {
 			n := BGPNeighbor{Address: r.Addr.String(), ASN: RouterASN}
 			n.BFD.Enabled = true
