@@ -35,12 +35,15 @@ var errNoBGP = errors.New("the cluster is in routed mode and this node has no bg
 
 // Follow hands the VIPs to the claimer of mode and none to the other.
 func (m *Modes) Follow(vips []netip.Addr, mode rules.MACMode, eligible bool) error {
-	m.routed.Store(mode == rules.MACRouted)
+	wasRouted := m.routed.Swap(mode == rules.MACRouted)
 	l2vips := vips
-	if m.routed.Load() {
+	if mode == rules.MACRouted {
 		l2vips = nil
 	}
 	errs := []error{m.L2.Follow(l2vips, mode, eligible)}
+	if wasRouted && mode != rules.MACRouted {
+		m.L2.Announce(vips) // back from routed mode: tell the segment the cluster MAC at once
+	}
 	if m.BGP != nil {
 		errs = append(errs, m.BGP.Follow(vips, mode, eligible))
 	}
