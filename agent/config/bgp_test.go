@@ -71,3 +71,24 @@ func TestBGPErrorsNameTheField(t *testing.T) {
 		})
 	}
 }
+
+// TestBGPFromEnvAndFlags: the single-router case without YAML.
+func TestBGPFromEnvAndFlags(t *testing.T) {
+	c, err := Load(writeConfig(t, goodConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"SHOAL_BGP_ASN": "65001", "SHOAL_BGP_NEIGHBORS": "198.18.7.1@65000, 198.18.7.2@65000", "SHOAL_BGP_BFD": "true"}
+	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.BGP.ASN != 65001 || len(c.BGP.Neighbors) != 2 || !c.BGP.Neighbors[1].BFD.Enabled || c.BGP.Neighbors[1].ASN != 65000 {
+		t.Errorf("bgp from the environment: %+v", c.BGP)
+	}
+	if err := c.Set("bgp_neighbors", "198.18.7.1"); err == nil || !strings.Contains(err.Error(), "ADDRESS@ASN") {
+		t.Errorf("a neighbour without its ASN: %v", err)
+	}
+}

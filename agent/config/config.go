@@ -220,6 +220,46 @@ func (c *Config) fields() []field {
 		}},
 		{"health_url", str(&c.Health.URL)},
 		{"health_tcp", str(&c.Health.TCP)},
+		{"bgp_asn", func(v string) error {
+			n, err := strconv.ParseUint(v, 10, 32)
+			c.BGP.ASN = uint32(n)
+			return err
+		}},
+		{"bgp_router_id", addr(&c.BGP.RouterID)},
+		{"bgp_next_hop", addr(&c.BGP.NextHop)},
+		{"bgp_next_hop6", addr(&c.BGP.NextHop6)},
+		{"bgp_communities", func(v string) error { c.BGP.Communities = strings.Split(v, ","); return nil }},
+		// bgp_neighbors: ADDR@ASN[,ADDR@ASN...], each with BFD at its
+		// defaults when bgp_bfd is true; the YAML has every option.
+		{"bgp_neighbors", func(v string) error {
+			c.BGP.Neighbors = nil
+			for _, s := range strings.Split(v, ",") {
+				a, asn, ok := strings.Cut(strings.TrimSpace(s), "@")
+				ip, err1 := netip.ParseAddr(a)
+				n, err2 := strconv.ParseUint(asn, 10, 32)
+				if !ok || err1 != nil || err2 != nil {
+					return fmt.Errorf("%q: want ADDRESS@ASN", s)
+				}
+				c.BGP.Neighbors = append(c.BGP.Neighbors, BGPNeighbor{Address: ip, ASN: uint32(n)})
+			}
+			return nil
+		}},
+		{"bgp_bfd", func(v string) error {
+			b, err := strconv.ParseBool(v)
+			for i := range c.BGP.Neighbors {
+				c.BGP.Neighbors[i].BFD.Enabled = b
+			}
+			return err
+		}},
+	}
+}
+
+// addr sets *p from an IP address.
+func addr(p *netip.Addr) func(string) error {
+	return func(v string) error {
+		a, err := netip.ParseAddr(v)
+		*p = a
+		return err
 	}
 }
 
