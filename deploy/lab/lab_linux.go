@@ -518,6 +518,9 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 		}); err != nil {
 			return fmt.Errorf("lab: routed mode: %w", err)
 		}
+		if err := l.warmNeighbors(ctx); err != nil {
+			return err
+		}
 	}
 	l.log.Info("lab ready", "vips", l.VIPs())
 	return nil

@@ -236,6 +236,26 @@ func parseNextHops(b []byte, vip netip.Addr) ([]netip.Addr, error) {
 	return hops, nil
 }
 
+// warmNeighbors has the router reach every node's IPv6 address once (one
+// HTTP request each, from its namespace). A Linux router's IPv6 ECMP
+// skips a next hop whose neighbour entry is not resolved yet, so the first
+// packets of a flow, before every node's entry is, can go to two nodes: a
+// SYN to one and its ACK to another, which resets it. Real routers meet
+// this on first contact too; the lab starts from resolved entries.
+func (l *Lab) warmNeighbors(ctx context.Context) error {
+	for _, n := range l.Nodes {
+		if !n.Addr6.IsValid() {
+			continue
+		}
+		url := "http://" + netip.AddrPortFrom(n.Addr6, HTTPPort).String() + "/"
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", l.Router.Namespace, l.Binary, "lab", "load", "--url", url, "--requests", "1", "--concurrency", "1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("lab: reach %s from the router: %w: %s", n.Addr6, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
 // removeFRRDir removes the router's FRR directory (its sockets, pid files
 // and config), once its daemons have stopped.
 func (s *State) removeFRRDir() error {
