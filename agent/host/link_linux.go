@@ -169,11 +169,13 @@ func (h *Host) run(ctx context.Context, changed func()) {
 		case set := <-h.vipsCh:
 			h.note("vips", h.applyVIPs(set))
 		case ok := <-h.eligibleCh:
-			if ok == h.eligible {
-				continue
+			// Only the announcer cares (BGP announces while eligible;
+			// L2 answers alike either way): nothing on the host to check.
+			if ok != h.eligible {
+				h.eligible = ok
+				h.note("announce", h.ann.Follow(h.vips, h.mode, ok))
 			}
-			h.eligible = ok
-			h.note("vips", h.applyVIPs(vipSet{h.vips, h.mode}))
+			continue
 		case <-h.announceCh:
 			h.ann.Announce(nil)
 		case <-again:
