@@ -78,9 +78,13 @@ func StartBGP(cfg BGPConfig) (*BGP, error) {
 		return nil, errors.New("bgp: no neighbour configured")
 	}
 	log := cmp.Or(cfg.Log, slog.Default()).With("announcer", "bgp")
+	// GoBGP logs every FSM step at info; the announcer logs what matters
+	// (sessions up and down, announcements), so GoBGP's own lines below
+	// warn are dropped. Its level variable alone filters nothing: the
+	// handler is the agent's.
 	lvl := &slog.LevelVar{}
-	lvl.Set(slog.LevelWarn) // GoBGP logs every state change at info; the announcer logs what matters
-	s := server.NewBgpServer(server.LoggerOption(log, lvl))
+	lvl.Set(slog.LevelWarn)
+	s := server.NewBgpServer(server.LoggerOption(slog.New(minLevel{log.Handler(), lvl}), lvl))
 	go s.Serve()
 	b := &BGP{cfg: cfg, log: log, s: s, announced: map[netip.Addr]time.Time{}}
 	ctx := context.Background()
@@ -388,3 +392,18 @@ func (b *BGP) Close() error {
 	b.s.Stop()
 	return errors.Join(errs...)
 }
+
+// minLevel is a handler that passes records at its level or above.
+type minLevel struct {
+	slog.Handler
+	min slog.Leveler
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min.Level() && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(a), h.min}
+}
+func (h minLevel) WithGroup(n string) slog.Handler { return minLevel{h.Handler.WithGroup(n), h.min} }

@@ -1,8 +1,10 @@
 package announce
 
 import (
+	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/shoalnet/shoal/rules"
@@ -59,5 +61,18 @@ func TestModes(t *testing.T) {
 	}
 	if err := noBGP.Follow(vips, rules.MACMulticast, true); err != nil || noBGP.Health() != nil {
 		t.Errorf("back in multicast mode: %v, health %v", err, noBGP.Health())
+	}
+}
+
+// TestMinLevel: GoBGP's info lines do not reach the agent's log.
+func TestMinLevel(t *testing.T) {
+	var b strings.Builder
+	lvl := &slog.LevelVar{}
+	lvl.Set(slog.LevelWarn)
+	log := slog.New(minLevel{slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelDebug}), lvl}).With("k", "v")
+	log.Info("fsm step")
+	log.Warn("peer down")
+	if out := b.String(); strings.Contains(out, "fsm step") || !strings.Contains(out, "peer down") || !strings.Contains(out, "k=v") {
+		t.Errorf("log: %q, want the warning (with its attributes) only", out)
 	}
 }
