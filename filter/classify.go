@@ -97,7 +97,31 @@ type Classifier struct {
 	remember     bool
 	hbSelf       netip.AddrPort
 	hbPeers      map[netip.AddrPort]bool
+	members      map[netip.Addr]bool
+	pkt          packet // of the frame being judged
 }
+
+// packet is what the classifier knows of the frame it is judging beyond
+// its flow: where the IP header starts and the IP packet's length, who
+// forwarded it here and after how many hops, and the frame it leaves
+// when it changes its size (forwarded, or decapsulated).
+type packet struct {
+	l3    int
+	ipLen int
+	from  netip.Addr
+	hops  uint8
+	out   []byte
+}
+
+// SetMembers mirrors (*XDP).SetMembers: the addresses a forwarded packet
+// is taken from (routed mode).
+func (c *Classifier) SetMembers(addrs []netip.Addr) {
+	c.members = make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		c.members[a.Unmap()] = true
+	}
+}
+
 
 // NewClassifier returns a classifier for a node with tables t whose cluster
 // interface has MAC ifMAC. conns may be nil for a node with no connections.
@@ -160,6 +184,26 @@ type flow struct {
 // not allocate, but for its fragment memory, made once, when it sees its
 // first first fragment.
 func (c *Classifier) Classify(frame []byte) Result {
+	r, _ := c.ClassifyFrame(frame)
+	return r
+}
+
+// ClassifyFrame judges frame as Classify does, and returns the frame the
+// XDP program leaves: frame itself, rewritten in place, or a new frame for
+// a packet it forwards (encapsulated) or was forwarded (decapsulated).
+func (c *Classifier) ClassifyFrame(frame []byte) (Result, []byte) {
+	c.pkt = packet{}
+	r := c.classifyEth(frame)
+	if r.Verdict != Pass {
+		r.From, r.Hops = c.pkt.from, c.pkt.hops
+	}
+	if c.pkt.out != nil {
+		return r, c.pkt.out
+	}
+	return r, frame
+}
+
+func (c *Classifier) classifyEth(frame []byte) Result {
 	if len(frame) < 14 {
 		return Result{Verdict: Pass}
 	}
@@ -194,6 +238,12 @@ func (c *Classifier) classify4(frame, ip []byte) Result {
 		return Result{Verdict: Pass}
 	}
 	dst := addr4(ip[16:20])
+	if c.t.Forwarding() && !c.pkt.from.IsValid() && len(frame)-len(ip) == 14 &&
+		(ip[9] == byte(layers.IPProtocolIPv4) || ip[9] == byte(layers.IPProtocolIPv6)) && dst == c.t.Self {
+		if r, ok := c.decap(frame, ip); ok {
+			return r
+		}
+	}
 	if !c.isVIP(dst) {
 		if !c.heartbeatOK(ip, dst) {
 			return Result{Verdict: Drop, Reason: DropNotPeer}
@@ -206,6 +256,7 @@ func (c *Classifier) classify4(frame, ip []byte) Result {
 		fr.key = fragKey{src: addr4(ip[12:16]), dst: dst, id: uint32(binary.BigEndian.Uint16(ip[4:6])), proto: ip[9]}
 		fr.first, fr.later = fragOff&0x1fff == 0, fragOff&0x1fff != 0
 	}
+	c.pkt.l3, c.pkt.ipLen = len(frame)-len(ip), int(binary.BigEndian.Uint16(ip[2:4]))
 	if fr.later && saneIPv4(ip) {
 		if res, ok := c.remembered(frame, fr.key); ok {
 			return res
@@ -224,11 +275,118 @@ func (c *Classifier) remembered(frame []byte, k fragKey) (Result, bool) {
 	if c.frags == nil {
 		return Result{}, false
 	}
-	res, ok := c.frags.get(k)
+	v, ok := c.frags.get(k)
+	res := v.Result
 	if ok && res.Verdict == Accept {
 		copy(frame[0:6], c.mac[:])
 	}
+	if ok && res.Verdict != Accept && v.to.IsValid() {
+		// The first fragment's node, for this one too.
+		res.Verdict, res.Reason = Drop, v.reason
+		res.Via, res.Second = netip.Addr{}, false
+		c.forward(frame, &res, c.t.peerIndex(v.to), false)
+	}
 	return res, ok
+}
+
+// fwdMark marks, in its outer header's id, a packet a node forwarded; the
+// id's low byte counts the hops.
+const fwdMark = 0x5e00
+
+// decap judges a packet forwarded to this node (routed mode): the packet
+// it carries, if a member sent it; ok is false for a packet of another
+// tunnel, which is judged as any other.
+func (c *Classifier) decap(frame, ip []byte) (Result, bool) {
+	id := binary.BigEndian.Uint16(ip[4:6])
+	if ip[0] != 0x45 || id&0xff00 != fwdMark {
+		return Result{}, false
+	}
+	from := addr4(ip[12:16])
+	if !c.members[from] {
+		return Result{Verdict: Drop, Reason: DropForeign}, true
+	}
+	inner := make([]byte, len(frame)-EncapOverhead)
+	copy(inner, frame[:12])
+	et := layers.EthernetTypeIPv4
+	if ip[9] == byte(layers.IPProtocolIPv6) {
+		et = layers.EthernetTypeIPv6
+	}
+	binary.BigEndian.PutUint16(inner[12:14], uint16(et))
+	copy(inner[14:], ip[EncapOverhead:])
+	c.pkt = packet{from: from, hops: uint8(id), out: inner}
+	malformed := Result{Verdict: Drop, Reason: DropMalformed, Rule: DefaultRule}
+	var r Result
+	switch {
+	case len(inner) < 14+20, et == layers.EthernetTypeIPv6 && len(inner) < 14+40:
+		return malformed, true
+	case et == layers.EthernetTypeIPv6:
+		r = c.classify6(inner, inner[14:])
+	default:
+		r = c.classify4(inner, inner[14:])
+	}
+	if r.Verdict == Pass || r.Reason == DropNotPeer {
+		return Result{Verdict: Drop, Reason: DropForeign}, true // no VIP traffic: nothing a member forwards
+	}
+	if c.pkt.out == nil {
+		c.pkt.out = inner
+	}
+	return r, true
+}
+
+// forward sends the frame of res (dropped so far) to the node at index i
+// of Peers, encapsulated, as the program's forward does: not past
+// MaxHops, never to this node, never an 802.1Q-tagged frame, only with a
+// next hop's MAC, and within the MTU.
+func (c *Classifier) forward(frame []byte, res *Result, i int, second bool) {
+	if i <= 0 || i >= MaxForward {
+		return
+	}
+	to, dst := c.t.Peers[i], c.t.PeerMACs[i]
+	if c.pkt.hops >= MaxHops || to == c.t.Self || c.pkt.l3 != 14 || dst == [6]byte{} ||
+		c.t.MTU > 0 && c.pkt.ipLen+EncapOverhead > c.t.MTU {
+		return
+	}
+	src := c.mac
+	in := frame
+	if c.pkt.out != nil {
+		in = c.pkt.out
+	}
+	out := make([]byte, len(in)+EncapOverhead)
+	copy(out[0:6], dst[:])
+	copy(out[6:12], src[:])
+	binary.BigEndian.PutUint16(out[12:14], uint16(layers.EthernetTypeIPv4))
+	proto := layers.IPProtocolIPv4
+	if binary.BigEndian.Uint16(in[12:14]) == uint16(layers.EthernetTypeIPv6) {
+		proto = layers.IPProtocolIPv6
+	}
+	OuterHeader(out[14:34], c.t.Self, to, proto, c.pkt.ipLen, c.pkt.hops+1)
+	copy(out[34:], in[14:])
+	c.pkt.out = out
+	res.Verdict, res.Reason, res.Via, res.Second = Forward, NoReason, to, second
+}
+
+// OuterHeader writes into h (20 bytes) the IPv4 header a node puts before
+// a packet of innerLen bytes it forwards to node to: IP-in-IP (proto IPv4)
+// or IPv6-in-IPv4 (IPv6), don't fragment, TTL 64, the forwarding mark and
+// the hop count in its id.
+func OuterHeader(h []byte, from, to netip.Addr, proto layers.IPProtocol, innerLen int, hops uint8) {
+	h[0], h[1] = 0x45, 0
+	binary.BigEndian.PutUint16(h[2:4], uint16(innerLen+EncapOverhead))
+	binary.BigEndian.PutUint16(h[4:6], fwdMark|uint16(hops))
+	binary.BigEndian.PutUint16(h[6:8], 0x4000)
+	h[8], h[9] = 64, byte(proto)
+	h[10], h[11] = 0, 0
+	f, t := from.As4(), to.As4()
+	copy(h[12:16], f[:])
+	copy(h[16:20], t[:])
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(h[10:12], ^uint16(sum))
 }
 
 // decide is the verdict core both families share: the bucket of f's key,
@@ -242,6 +400,11 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 	}
 	if c.leaseExpired && (res.State == Owned || res.State == OwnedDirty) {
 		res.State = Draining
+	}
+	var fwdTo netip.Addr
+	fwdIdx := c.t.forwardTo(f.rule, bucket)
+	if c.t.Forwarding() && fwdIdx != 0 {
+		fwdTo = c.t.Peers[fwdIdx]
 	}
 	switch {
 	case f.syn && !fr.first && !c.t.Routed && [6]byte(frame[0:6]) == c.mac:
@@ -264,14 +427,14 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 		}
 		if h := c.t.HandTo[f.rule]; h != nil && (h[bucket] == HandKeep || h[bucket] == HandPending) {
 			res.Verdict, res.Reason = Accept, NoReason
-		} else if to, ok := c.t.handTo(f.rule, bucket); ok {
+		} else if to, ok := c.t.handTo(f.rule, bucket); ok && !c.t.Routed {
 			res.Verdict, res.Reason, res.To = HandOver, NoReason, to
 			copy(frame[0:6], to[:])
 			copy(frame[6:12], c.mac[:])
 		}
 	default:
 		res.Verdict, res.Reason = c.judge(f, res.State)
-		if f.syn && !fr.first && !c.leaseExpired && (res.Reason == DropNotOwned || res.Reason == DropDrainNoConn) {
+		if f.syn && !fr.first && !c.leaseExpired && !c.t.Routed && (res.Reason == DropNotOwned || res.Reason == DropDrainNoConn) {
 			if to, ok := c.t.handTo(f.rule, bucket); ok {
 				res.Verdict, res.Reason, res.To = HandOver, NoReason, to
 				copy(frame[0:6], to[:])
@@ -279,13 +442,29 @@ func (c *Classifier) decide(frame []byte, f *flow, fr fragment) Result {
 			}
 		}
 	}
+	fv := fragVerdict{Result: res}
+	if fwdTo.IsValid() && res.Verdict == Drop && res.Reason != DropDisabled {
+		fv.to, fv.reason = fwdTo, res.Reason
+	}
 	if fr.first && c.remember {
 		if c.frags == nil {
 			c.frags = newFragMemory(FragEntries)
 		}
-		c.frags.put(fr.key, res)
+		c.frags.put(fr.key, fv)
 	}
-	if res.Verdict == Accept {
+	pending := res.State == Draining && c.t.pending(f.rule, bucket)
+	switch {
+	case fv.to.IsValid() && f.syn && !fr.first && c.pkt.from == fwdTo && pending && !c.leaseExpired:
+		// Forwarded here by the node this one acquires the bucket from,
+		// its forward target while pending: the hand-over.
+		res.Handed, res.Verdict, res.Reason = true, Accept, NoReason
+	case fv.to.IsValid():
+		// What this node does not take goes to its owner or, from a
+		// bucket it owns (acquired, or about to be), to a previous owner
+		// that may hold the connection: the second chance.
+		c.forward(frame, &res, fwdIdx, res.State == OwnedDirty || c.t.pending(f.rule, bucket))
+	}
+	if res.Verdict == Accept && !res.Handed {
 		copy(frame[0:6], c.mac[:])
 	}
 	return res
@@ -529,13 +708,22 @@ type fragKey struct {
 type fragMemory struct {
 	idx        map[fragKey]int32
 	keys       []fragKey
-	vals       []Result
+	vals       []fragVerdict
 	prev, next []int32 // the recency list through slots; head is the newest
 	head, tail int32
 }
 
+// fragVerdict is what the memory keeps of a first fragment: its verdict
+// and, when this node did not take it, the node it was forwarded to (or
+// would have been) and why it was not taken, for the later fragments.
+type fragVerdict struct {
+	Result
+	to     netip.Addr
+	reason DropReason
+}
+
 func newFragMemory(n int) *fragMemory {
-	m := &fragMemory{idx: make(map[fragKey]int32, n), keys: make([]fragKey, 0, n), vals: make([]Result, 0, n),
+	m := &fragMemory{idx: make(map[fragKey]int32, n), keys: make([]fragKey, 0, n), vals: make([]fragVerdict, 0, n),
 		prev: make([]int32, 0, n), next: make([]int32, 0, n), head: -1, tail: -1}
 	return m
 }
@@ -564,17 +752,17 @@ func (m *fragMemory) pushFront(i int32) {
 	}
 }
 
-func (m *fragMemory) get(k fragKey) (Result, bool) {
+func (m *fragMemory) get(k fragKey) (fragVerdict, bool) {
 	i, ok := m.idx[k]
 	if !ok {
-		return Result{}, false
+		return fragVerdict{}, false
 	}
 	m.unlink(i)
 	m.pushFront(i)
 	return m.vals[i], true
 }
 
-func (m *fragMemory) put(k fragKey, r Result) {
+func (m *fragMemory) put(k fragKey, r fragVerdict) {
 	if i, ok := m.idx[k]; ok {
 		m.vals[i] = r
 		m.unlink(i)

@@ -110,6 +110,7 @@ func (c *Classifier) classify6(frame, ip []byte) Result {
 		return malformed
 	}
 	p := ip[:40+plen]
+	c.pkt.l3, c.pkt.ipLen = len(frame)-len(ip), 40+plen
 	w, ok := walkIPv6(p)
 	if !ok {
 		return malformed

@@ -20,7 +20,7 @@ type shoalBucketTable struct {
 
 type shoalCounters struct {
 	_ structs.HostLayout
-	N [9]uint64
+	N [10]uint64
 }
 
 type shoalFragKey struct {
@@ -38,6 +38,18 @@ type shoalFragVerdict struct {
 	Slot   uint16
 	Accept uint8
 	Reason uint8
+	To     uint32
+}
+
+type shoalFwdTable struct {
+	_    structs.HostLayout
+	Self uint32
+	Peer [64]uint32
+	Mac  [64][6]uint8
+	Mtu  uint16
+	Mss4 uint16
+	Mss6 uint16
+	Pad  uint16
 }
 
 type shoalHandTable struct {
@@ -57,6 +69,11 @@ type shoalHbPeer struct {
 	Addr uint32
 	Port uint16
 	Pad  uint16
+}
+
+type shoalPeerCounters struct {
+	_ structs.HostLayout
+	N [3]uint64
 }
 
 type shoalPortTable struct {
@@ -105,6 +122,10 @@ const (
 	shoalMapBuckets         = "buckets"
 	shoalMapCounters        = "counters"
 	shoalMapFrags           = "frags"
+	shoalMapFwd             = "fwd"
+	shoalMapFwdBuckets      = "fwd_buckets"
+	shoalMapFwdDrops        = "fwd_drops"
+	shoalMapFwdStats        = "fwd_stats"
 	shoalMapHand            = "hand"
 	shoalMapHbConf          = "hb_conf"
 	shoalMapHbDrops         = "hb_drops"
@@ -175,6 +196,10 @@ type shoalMapSpecs struct {
 	Buckets      *ebpf.MapSpec `ebpf:"buckets"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Frags        *ebpf.MapSpec `ebpf:"frags"`
+	Fwd          *ebpf.MapSpec `ebpf:"fwd"`
+	FwdBuckets   *ebpf.MapSpec `ebpf:"fwd_buckets"`
+	FwdDrops     *ebpf.MapSpec `ebpf:"fwd_drops"`
+	FwdStats     *ebpf.MapSpec `ebpf:"fwd_stats"`
 	Hand         *ebpf.MapSpec `ebpf:"hand"`
 	HbConf       *ebpf.MapSpec `ebpf:"hb_conf"`
 	HbDrops      *ebpf.MapSpec `ebpf:"hb_drops"`
@@ -219,6 +244,10 @@ type shoalMaps struct {
 	Buckets      *ebpf.Map `ebpf:"buckets"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Frags        *ebpf.Map `ebpf:"frags"`
+	Fwd          *ebpf.Map `ebpf:"fwd"`
+	FwdBuckets   *ebpf.Map `ebpf:"fwd_buckets"`
+	FwdDrops     *ebpf.Map `ebpf:"fwd_drops"`
+	FwdStats     *ebpf.Map `ebpf:"fwd_stats"`
 	Hand         *ebpf.Map `ebpf:"hand"`
 	HbConf       *ebpf.Map `ebpf:"hb_conf"`
 	HbDrops      *ebpf.Map `ebpf:"hb_drops"`
@@ -239,6 +268,10 @@ func (m *shoalMaps) Close() error {
 		m.Buckets,
 		m.Counters,
 		m.Frags,
+		m.Fwd,
+		m.FwdBuckets,
+		m.FwdDrops,
+		m.FwdStats,
 		m.Hand,
 		m.HbConf,
 		m.HbDrops,

@@ -20,7 +20,7 @@ type shoalTcBucketTable struct {
 
 type shoalTcCounters struct {
 	_ structs.HostLayout
-	N [9]uint64
+	N [10]uint64
 }
 
 type shoalTcFragKey struct {
@@ -38,6 +38,18 @@ type shoalTcFragVerdict struct {
 	Slot   uint16
 	Accept uint8
 	Reason uint8
+	To     uint32
+}
+
+type shoalTcFwdTable struct {
+	_    structs.HostLayout
+	Self uint32
+	Peer [64]uint32
+	Mac  [64][6]uint8
+	Mtu  uint16
+	Mss4 uint16
+	Mss6 uint16
+	Pad  uint16
 }
 
 type shoalTcHandTable struct {
@@ -57,6 +69,11 @@ type shoalTcHbPeer struct {
 	Addr uint32
 	Port uint16
 	Pad  uint16
+}
+
+type shoalTcPeerCounters struct {
+	_ structs.HostLayout
+	N [3]uint64
 }
 
 type shoalTcPortTable struct {
@@ -105,6 +122,10 @@ const (
 	shoalTcMapBuckets      = "buckets"
 	shoalTcMapCounters     = "counters"
 	shoalTcMapFrags        = "frags"
+	shoalTcMapFwd          = "fwd"
+	shoalTcMapFwdBuckets   = "fwd_buckets"
+	shoalTcMapFwdDrops     = "fwd_drops"
+	shoalTcMapFwdStats     = "fwd_stats"
 	shoalTcMapHand         = "hand"
 	shoalTcMapHbConf       = "hb_conf"
 	shoalTcMapHbDrops      = "hb_drops"
@@ -115,6 +136,7 @@ const (
 	shoalTcMapSettings     = "settings"
 	shoalTcMapVips         = "vips"
 	shoalTcMapVips6        = "vips6"
+	shoalTcProgShoalMss    = "shoal_mss"
 	shoalTcProgShoalTc     = "shoal_tc"
 )
 
@@ -160,7 +182,8 @@ type shoalTcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type shoalTcProgramSpecs struct {
-	ShoalTc *ebpf.ProgramSpec `ebpf:"shoal_tc"`
+	ShoalMss *ebpf.ProgramSpec `ebpf:"shoal_mss"`
+	ShoalTc  *ebpf.ProgramSpec `ebpf:"shoal_tc"`
 }
 
 // shoalTcMapSpecs contains maps before they are loaded into the kernel.
@@ -173,6 +196,10 @@ type shoalTcMapSpecs struct {
 	Buckets      *ebpf.MapSpec `ebpf:"buckets"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Frags        *ebpf.MapSpec `ebpf:"frags"`
+	Fwd          *ebpf.MapSpec `ebpf:"fwd"`
+	FwdBuckets   *ebpf.MapSpec `ebpf:"fwd_buckets"`
+	FwdDrops     *ebpf.MapSpec `ebpf:"fwd_drops"`
+	FwdStats     *ebpf.MapSpec `ebpf:"fwd_stats"`
 	Hand         *ebpf.MapSpec `ebpf:"hand"`
 	HbConf       *ebpf.MapSpec `ebpf:"hb_conf"`
 	HbDrops      *ebpf.MapSpec `ebpf:"hb_drops"`
@@ -217,6 +244,10 @@ type shoalTcMaps struct {
 	Buckets      *ebpf.Map `ebpf:"buckets"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Frags        *ebpf.Map `ebpf:"frags"`
+	Fwd          *ebpf.Map `ebpf:"fwd"`
+	FwdBuckets   *ebpf.Map `ebpf:"fwd_buckets"`
+	FwdDrops     *ebpf.Map `ebpf:"fwd_drops"`
+	FwdStats     *ebpf.Map `ebpf:"fwd_stats"`
 	Hand         *ebpf.Map `ebpf:"hand"`
 	HbConf       *ebpf.Map `ebpf:"hb_conf"`
 	HbDrops      *ebpf.Map `ebpf:"hb_drops"`
@@ -237,6 +268,10 @@ func (m *shoalTcMaps) Close() error {
 		m.Buckets,
 		m.Counters,
 		m.Frags,
+		m.Fwd,
+		m.FwdBuckets,
+		m.FwdDrops,
+		m.FwdStats,
 		m.Hand,
 		m.HbConf,
 		m.HbDrops,
@@ -260,11 +295,13 @@ type shoalTcVariables struct {
 //
 // It can be passed to loadShoalTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type shoalTcPrograms struct {
-	ShoalTc *ebpf.Program `ebpf:"shoal_tc"`
+	ShoalMss *ebpf.Program `ebpf:"shoal_mss"`
+	ShoalTc  *ebpf.Program `ebpf:"shoal_tc"`
 }
 
 func (p *shoalTcPrograms) Close() error {
 	return _ShoalTcClose(
+		p.ShoalMss,
 		p.ShoalTc,
 	)
 }

@@ -1,6 +1,9 @@
 package filter
 
-import "math/bits"
+import (
+	"math/bits"
+	"net/netip"
+)
 
 // Bitmap is a set of buckets of one rule.
 type Bitmap [NumBuckets / 64]uint64
@@ -182,8 +185,74 @@ type Tables struct {
 	Prev *Tables
 	// Routed: the cluster is in routed mode, where the routers send each
 	// node its flows at its own MAC. A SYN so addressed is then a client's,
-	// not one handed over by a peer (there is no flooded copy to hand).
+	// not one handed over by a peer (there is no flooded copy to hand), and
+	// no SYN is handed over by MAC: forwarding does it (Forward).
 	Routed bool
+	// Self, in routed mode, is this node's address, from which it forwards
+	// (an IPv4 address); the zero Addr turns forwarding off. A VIP packet
+	// these tables do not take (a NotOwned bucket, a Draining one without
+	// the connection, an OwnedDirty one without it) is then forwarded,
+	// encapsulated in IPv4, to the node Forward names for its bucket,
+	// unless it made MaxHops hops already; a packet forwarded to Self from a
+	// member (SetMembers) is judged as the packet it carries, and a SYN so
+	// forwarded by a pending bucket's forward target is taken
+	// (the hand-over of the multicast modes).
+	Self netip.Addr
+	// Forward gives per rule and bucket the index in Peers of the node a
+	// packet is forwarded to; 0 or a missing rule: none.
+	Forward map[RuleID]*[NumBuckets]uint8
+	Peers   [MaxForward]netip.Addr
+	// PeerMACs are the next hops' MACs to Peers, by the same index: the
+	// peer's own, or its gateway's when it is on another subnet. A packet
+	// is forwarded out by the interface it came in by; without a MAC it is
+	// dropped.
+	PeerMACs [MaxForward][6]byte
+	// MTU bounds what is forwarded: a packet that would exceed it once
+	// encapsulated is dropped (0: no bound). SYN-ACKs sent from a VIP
+	// advertise an MSS that leaves room for the encapsulation (MSS).
+	MTU int
+}
+
+// MaxForward bounds the forward targets of one set of tables (index 0 is
+// none); MaxHops the times a packet is forwarded.
+const (
+	MaxForward = 64
+	MaxHops    = 3
+	// EncapOverhead is what forwarding adds to a packet: an IPv4 header.
+	EncapOverhead = 20
+)
+
+// Forwarding reports whether the tables forward (routed mode, Self set).
+func (t *Tables) Forwarding() bool { return t.Routed && t.Self.IsValid() }
+
+// MSS returns the MSS that SYN-ACKs from a VIP advertise at most to IPv4
+// and IPv6 clients when the tables forward, so that a full-size segment
+// still fits the MTU once encapsulated; 0: left alone.
+func (t *Tables) MSS() (v4, v6 uint16) {
+	if !t.Forwarding() || t.MTU <= 0 {
+		return 0, 0
+	}
+	return uint16(max(t.MTU-EncapOverhead-40, 0)), uint16(max(t.MTU-EncapOverhead-60, 0))
+}
+
+// forwardTo returns the index in Peers of the node a packet of bucket b
+// of rule id goes to, 0 for none.
+func (t *Tables) forwardTo(id RuleID, b uint16) int {
+	f := t.Forward[id]
+	if f == nil || int(f[b]) >= MaxForward || !t.Peers[f[b]].IsValid() {
+		return 0
+	}
+	return int(f[b])
+}
+
+// peerIndex returns the first index in Peers of address a, 0 for none.
+func (t *Tables) peerIndex(a netip.Addr) int {
+	for i := 1; i < MaxForward; i++ {
+		if t.Peers[i] == a {
+			return i
+		}
+	}
+	return 0
 }
 
 // Remapped returns the rules of t whose bucket numbers Prev does not map

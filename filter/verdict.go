@@ -1,6 +1,9 @@
 package filter
 
-import "fmt"
+import (
+	"fmt"
+	"net/netip"
+)
 
 // Verdict is what the data plane does with a frame.
 type Verdict uint8
@@ -20,6 +23,11 @@ const (
 	// owner's MAC (Result.To), with this node's MAC as its source, and the
 	// new owner takes it (a SYN to a node's own MAC is that node's).
 	HandOver
+	// Forward: routed mode, VIP traffic this node does not take: the
+	// packet goes, encapsulated, to the node its bucket's forward target
+	// names (Result.Via), to its owner or, from a bucket this node owns,
+	// to a previous owner that may hold its connection (Result.Second).
+	Forward
 )
 
 // XDP action codes, as the kernel defines them.
@@ -29,12 +37,14 @@ const (
 	xdpTx   = 3
 )
 
+// XDP_TX: a forwarded packet leaves by the interface it came in by.
+
 // XDPAction returns the XDP action code the program returns for v.
 func (v Verdict) XDPAction() uint32 {
 	switch v {
 	case Drop:
 		return xdpDrop
-	case HandOver:
+	case HandOver, Forward:
 		return xdpTx
 	}
 	return xdpPass
@@ -50,6 +60,8 @@ func (v Verdict) String() string {
 		return "drop"
 	case HandOver:
 		return "hand-over"
+	case Forward:
+		return "forward"
 	}
 	return fmt.Sprintf("verdict(%d)", uint8(v))
 }
@@ -72,6 +84,10 @@ const (
 	// is not a registered peer's. It is not VIP traffic and is counted apart
 	// from the rules ((*XDP).HeartbeatDrops).
 	DropNotPeer = NumDropReasons
+	// DropForeign: a packet forwarded to this node (routed mode) from an
+	// address that is no member's, or carrying no VIP traffic. Counted
+	// apart from the rules ((*XDP).ForwardCounters).
+	DropForeign = NumDropReasons + 1
 )
 
 func (r DropReason) String() string {
@@ -90,6 +106,8 @@ func (r DropReason) String() string {
 		return "malformed"
 	case DropNotPeer:
 		return "not-peer"
+	case DropForeign:
+		return "foreign"
 	}
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
@@ -110,6 +128,14 @@ type Result struct {
 	// bucket is not its own, or its lease ended).
 	// Counted apart from the frames the client sent.
 	Handed bool
+	// Via: Forward's target. Second: it is a previous owner of the
+	// bucket, which may hold the connection (the second chance).
+	Via    netip.Addr
+	Second bool
+	// From: the member that forwarded the frame here (routed mode), with
+	// Hops the hops it made; the zero Addr for a frame from the network.
+	From netip.Addr
+	Hops uint8
 }
 
 // RuleCounters counts the VIP packets one rule's buckets judged.
@@ -119,6 +145,7 @@ type RuleCounters struct {
 	HandedOver    uint64                 // SYNs handed over to their bucket's new owner
 	HandedIn      uint64                 // SYNs handed over to this node, taken
 	HandedRefused uint64                 // SYNs handed over to this node, dropped (taken already, or the lease ended)
+	Forwarded     uint64                 // forwarded to another node (routed mode)
 }
 
 // Counters holds packet counts by rule. Pass verdicts are not counted.
@@ -140,6 +167,8 @@ func (c Counters) Count(r Result) {
 		rc.Accepted++
 	case r.Verdict == HandOver:
 		rc.HandedOver++
+	case r.Verdict == Forward:
+		rc.Forwarded++
 	default:
 		rc.Dropped[r.Reason]++
 	}

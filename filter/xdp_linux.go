@@ -83,6 +83,11 @@ type XDP struct {
 	// settings' prev), which no Update writes; noVersion: none.
 	prevOf  uint32
 	hbPeers map[shoalHbPeer]bool
+	members map[uint32]bool // fwd_stats keys: the members forwarded packets are taken from
+	// ifindex is the interface attached to (0: none); egress the MSS
+	// clamp at its tcx egress, attached while the tables forward.
+	ifindex int
+	egress  link.Link
 	// pending is a link adopted from pins (LoadPinnedXDP), attached with
 	// pendingMode; Attach moves it to this program.
 	pending     link.Link
@@ -102,7 +107,7 @@ func LoadXDP() (*XDP, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("load xdp: remove memlock limit: %w", err)
 	}
-	x := &XDP{slots: map[RuleID]uint32{DefaultRule: 0}, hbPeers: map[shoalHbPeer]bool{}, prevOf: noVersion}
+	x := &XDP{slots: map[RuleID]uint32{DefaultRule: 0}, hbPeers: map[shoalHbPeer]bool{}, members: map[uint32]bool{}, prevOf: noVersion}
 	x.putVIPs = func(k uint32, vb *shoalVipBucket) error { return x.objs.Vips.Update(k, vb, ebpf.UpdateAny) }
 	if err := loadShoalObjects(&x.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
@@ -145,12 +150,13 @@ func (x *XDP) Attach(ifname string) error {
 	if x.link != nil {
 		return fmt.Errorf("attach xdp to %s: already attached", ifname)
 	}
-	if x.attachPending(ifname) {
-		return nil
-	}
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
+	}
+	x.ifindex = ifc.Index
+	if x.attachPending(ifname) {
+		return nil
 	}
 	opts := link.XDPOptions{Program: x.objs.ShoalXdp, Interface: ifc.Index}
 	if driverOf(ifname) != "veth" {
@@ -251,6 +257,11 @@ func (x *XDP) Mode() AttachMode {
 func (x *XDP) Detach() error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.egress != nil {
+		x.egress.Close()
+		x.egress = nil
+	}
+	x.ifindex = 0
 	if x.link == nil {
 		return nil
 	}
@@ -365,6 +376,13 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 	if err := x.objs.Hand.Update(next, &shoalHandTable{Mac: t.HandMACs}, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("update xdp hand-over macs: %w", err)
 	}
+	ft, err := fwdTable(t)
+	if err != nil {
+		return err
+	}
+	if err := x.objs.Fwd.Update(next, ft, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("update xdp forwarding: %w", err)
+	}
 	var bt shoalBucketTable
 	for id, s := range slots {
 		ri := shoalRuleInfo{Id: uint32(id), Affinity: uint8(c.Affinity(id))}
@@ -396,6 +414,13 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 		if err := x.objs.Buckets.Update(key, &bt, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("update xdp buckets of rule %d: %w", id, err)
 		}
+		bt = shoalBucketTable{}
+		if fw := t.Forward[id]; fw != nil && ft.Self != 0 {
+			bt.State = *fw
+		}
+		if err := x.objs.FwdBuckets.Update(key, &bt, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("update xdp forward targets of rule %d: %w", id, err)
+		}
 	}
 	var every [2]*[65536]uint16 // ports of the every-VIP rules, by protocol
 	for pi, p := range []Protocol{ProtoTCP, ProtoUDP} {
@@ -420,6 +445,9 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 		return err
 	}
 
+	if err := x.clampMSS(ft.Mss4 != 0 || ft.Mss6 != 0); err != nil {
+		return err
+	}
 	if err := x.objs.Active.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("flip xdp tables: %w", err)
 	}
@@ -433,6 +461,151 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 		x.retire(oldPin) // packets judged by old may still look it up
 	}
 	return nil
+}
+
+// fwdTable returns the forwarding settings of t: all zero when t does not
+// forward.
+func fwdTable(t *Tables) (*shoalFwdTable, error) {
+	ft := &shoalFwdTable{}
+	if !t.Forwarding() {
+		return ft, nil
+	}
+	if !t.Self.Unmap().Is4() {
+		return nil, fmt.Errorf("update xdp tables: forwarding from %s: want an IPv4 address", t.Self)
+	}
+	if t.MTU < 0 || t.MTU > 65535 {
+		return nil, fmt.Errorf("update xdp tables: mtu %d: want 0 to 65535", t.MTU)
+	}
+	ft.Self = wire4(t.Self.Unmap())
+	for i, p := range t.Peers {
+		if !p.IsValid() {
+			continue
+		}
+		if !p.Unmap().Is4() {
+			return nil, fmt.Errorf("update xdp tables: forward target %s: want an IPv4 address", p)
+		}
+		ft.Peer[i] = wire4(p.Unmap())
+		ft.Mac[i] = t.PeerMACs[i]
+	}
+	ft.Mtu = uint16(t.MTU)
+	ft.Mss4, ft.Mss6 = t.MSS()
+	return ft, nil
+}
+
+// clampMSS attaches the MSS clamp to the interface's egress when on and
+// it is not yet, and removes it when not on. Called with x.mu held.
+func (x *XDP) clampMSS(on bool) error {
+	switch {
+	case on && x.egress == nil && x.ifindex != 0:
+		if x.noTCX {
+			return errors.New("update xdp tables: forwarding needs tcx (Linux 6.6) for its MSS clamp")
+		}
+		if _, err := x.tcProgram(); err != nil {
+			return fmt.Errorf("update xdp tables: mss clamp: %w", err)
+		}
+		l, err := link.AttachTCX(link.TCXOptions{Program: x.tc.ShoalMss, Interface: x.ifindex, Attach: ebpf.AttachTCXEgress})
+		if err != nil {
+			return fmt.Errorf("update xdp tables: attach the mss clamp at egress: %w", err)
+		}
+		x.egress = l
+	case !on && x.egress != nil:
+		err := x.egress.Close()
+		x.egress = nil
+		if err != nil {
+			return fmt.Errorf("update xdp tables: detach the mss clamp: %w", err)
+		}
+	}
+	return nil
+}
+
+// SetMembers makes addrs (IPv4) the only sources a packet forwarded to
+// this node is taken from (routed mode); one from another address is
+// dropped and counted (ForwardCounters). Each member's forwarding counters
+// start at zero when it is added.
+func (x *XDP) SetMembers(addrs []netip.Addr) error {
+	if len(addrs) > MaxHeartbeatPeers {
+		return fmt.Errorf("set members: %d members, at most %d: %w", len(addrs), MaxHeartbeatPeers, ErrCapacity)
+	}
+	want := map[uint32]bool{}
+	for _, a := range addrs {
+		if !a.Unmap().Is4() {
+			return fmt.Errorf("set members: %s is not IPv4", a)
+		}
+		want[wire4(a.Unmap())] = true
+	}
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("set members: count cpus: %w", err)
+	}
+	zero := make([]shoalPeerCounters, n)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k := range want {
+		if !x.members[k] {
+			if err := x.objs.FwdStats.Update(k, zero, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("set members: %w", err)
+			}
+			x.members[k] = true
+		}
+	}
+	for k := range x.members {
+		if !want[k] {
+			if err := x.objs.FwdStats.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("set members: %w", err)
+			}
+			delete(x.members, k)
+		}
+	}
+	return nil
+}
+
+// PeerCounters counts what one member and this node forwarded to each
+// other (routed mode).
+type PeerCounters struct {
+	Forwarded    uint64 // to the member, as its bucket's owner
+	SecondChance uint64 // to the member, as a previous owner that may hold the connection
+	Received     uint64 // from the member, decapsulated here
+}
+
+// ForwardCounters are the data plane's forwarding counts.
+type ForwardCounters struct {
+	Peers    map[netip.Addr]PeerCounters
+	Foreign  uint64 // forwarded packets from an address that is no member's, or carrying no VIP traffic: dropped
+	NoRoute  uint64 // not forwarded: no route or neighbour to the target, or an 802.1Q-tagged frame
+	HopLimit uint64 // not forwarded: MaxHops made, or the target is this node
+	TooBig   uint64 // not forwarded: over the MTU once encapsulated
+}
+
+// ForwardCounters returns the forwarding counts, summed over CPUs.
+func (x *XDP) ForwardCounters() (ForwardCounters, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := ForwardCounters{Peers: map[netip.Addr]PeerCounters{}}
+	var per []shoalPeerCounters
+	for k := range x.members {
+		if err := x.objs.FwdStats.Lookup(k, &per); err != nil {
+			return out, fmt.Errorf("read forwarding counters: %w", err)
+		}
+		var pc PeerCounters
+		for _, c := range per {
+			pc.Forwarded += c.N[0]
+			pc.SecondChance += c.N[1]
+			pc.Received += c.N[2]
+		}
+		var b [4]byte
+		binary.NativeEndian.PutUint32(b[:], k)
+		out.Peers[netip.AddrFrom4(b)] = pc
+	}
+	for i, dst := range []*uint64{&out.Foreign, &out.NoRoute, &out.HopLimit, &out.TooBig} {
+		var n []uint64
+		if err := x.objs.FwdDrops.Lookup(uint32(i), &n); err != nil {
+			return out, fmt.Errorf("read forwarding drops: %w", err)
+		}
+		for _, v := range n {
+			*dst += v
+		}
+	}
+	return out, nil
 }
 
 // nextVersion returns the version the next Update writes: neither the
@@ -663,6 +836,7 @@ func (x *XDP) Counters() (Counters, error) {
 			rc.HandedOver += c.N[handedCounter]
 			rc.HandedIn += c.N[handedCounter+1]
 			rc.HandedRefused += c.N[handedCounter+2]
+			rc.Forwarded += c.N[handedCounter+3]
 		}
 		out[id] = rc
 	}

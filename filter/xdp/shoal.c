@@ -57,7 +57,31 @@
 #define C_HANDED 6         // SYNs handed over to their bucket's new owner
 #define C_HANDED_IN 7      // SYNs handed over here, taken
 #define C_HANDED_REFUSED 8 // SYNs handed over here, dropped: taken already (the flooded copy), or the lease ended
-#define NUM_COUNTERS 9
+#define C_FORWARDED 9      // forwarded to another node (routed mode)
+#define NUM_COUNTERS 10
+
+// Routed forwarding (filter.Tables.Forward): a VIP packet this node does
+// not take goes, encapsulated in IPv4 (IP-in-IP, or IPv6-in-IPv4), to the
+// node its forward table names; the outer header's id carries FWD_MARK and
+// the hops made so far, and a packet that made MAX_HOPS is not forwarded
+// again.
+#define MAX_PEERS 64 // forward targets per version (filter.MaxForward)
+#define MAX_HOPS 3   // filter.MaxHops
+#define FWD_MARK 0x5e00
+#define FWD_MARK_MASK 0xff00
+#define IPPROTO_IPV6_ 41
+#define ENCAP_LEN 20
+// Forwarding counters (fwd_drops), filter.ForwardDrops' order.
+#define F_FOREIGN 0   // encapsulated VIP traffic from an address that is no member's: dropped
+#define F_NO_ROUTE 1  // no route or neighbour to the target: dropped
+#define F_HOP_LIMIT 2 // not taken after MAX_HOPS hops, or the target is this node: dropped
+#define F_TOO_BIG 3   // the packet plus the encapsulation exceeds the MTU: dropped
+#define NUM_FWD_DROPS 4
+// Per-peer counters (fwd_stats), filter.PeerCounters' order.
+#define P_OUT 0    // forwarded to the peer, as its bucket's owner
+#define P_SECOND 1 // forwarded to the peer, a previous owner (second chance)
+#define P_IN 2     // received from the peer, decapsulated
+#define NUM_PEER_COUNTERS 3
 
 // Affinities (filter.Affinity).
 #define AFF_NONE 0
@@ -121,6 +145,24 @@ struct counters {
 // The MACs SYNs are handed over to, by hand-over index.
 struct hand_table {
 	__u8 mac[MAX_HAND][6];
+};
+
+// fwd[version]: this node's address as forwarding source (0: forwarding
+// off), the targets by index (1..MAX_PEERS-1), the MTU of what leaves,
+// and the MSS this node's SYN-ACKs from a VIP advertise at most (IPv4 and
+// IPv6 clients; 0: left alone).
+struct fwd_table {
+	__be32 self;
+	__be32 peer[MAX_PEERS];
+	__u8 mac[MAX_PEERS][6]; // the next hop's MAC to each: its own, or the gateway's
+	__u16 mtu;
+	__u16 mss4;
+	__u16 mss6;
+	__u16 pad;
+};
+
+struct peer_counters {
+	__u64 n[NUM_PEER_COUNTERS];
 };
 
 // active[0] is the version (0, 1 or 2) packets are judged by.
@@ -190,6 +232,39 @@ struct {
 	__type(value, struct hand_table);
 } hand SEC(".maps");
 
+// fwd[version]: the forwarding settings (struct fwd_table).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_VERSIONS);
+	__type(key, __u32);
+	__type(value, struct fwd_table);
+} fwd SEC(".maps");
+
+// fwd_buckets[version*MAX_SLOTS + slot]: per bucket, the index in
+// fwd.peer of the node a packet this node does not take goes to; 0: none.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NUM_VERSIONS * MAX_SLOTS);
+	__type(key, __u32);
+	__type(value, struct bucket_table);
+} fwd_buckets SEC(".maps");
+
+// fwd_stats[member address]: the cluster's members, the only sources an
+// encapsulated packet is taken from, with per-peer counters.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, MAX_HB_PEERS);
+	__type(key, __be32);
+	__type(value, struct peer_counters);
+} fwd_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NUM_FWD_DROPS);
+	__type(key, __u32);
+	__type(value, __u64);
+} fwd_drops SEC(".maps");
+
 // counters[slot], per CPU. Slots keep their rule across versions.
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -227,6 +302,7 @@ struct frag_verdict {
 	__u16 slot;
 	__u8 accept;
 	__u8 reason;
+	__be32 to; // forwarded there (routed mode); 0: not forwarded
 };
 
 struct {
@@ -339,6 +415,18 @@ struct flow {
 	__u8 first_frag; // judge, and remember the verdict under fk
 	__u8 later_frag; // take the verdict remembered under fk, if any
 	__u8 has_th;     // th_off is set: a TCP header for the SYN-cookie check
+	__u8 hops;       // forwarded this many times before it came here
+	// What shoal_forward needs of a packet not taken: its bucket, why it
+	// was not taken, whether the bucket is this node's (acquired, or being
+	// acquired: pending), and for a later fragment the node its first went
+	// to.
+	__u16 bucket;
+	__u8 reason;
+	__u8 second;
+	__u8 pending;
+	__be32 fwd_addr;
+	__be32 from;     // forwarded by this member (the outer source); 0: from the network
+	__u16 ip_len;    // the IP packet's length, headers included
 	__be16 client_port, vip_port;
 	__u16 l3_off, th_off; // the IP and TCP headers' offsets in the frame
 	__be32 client_ip[4], vip_ip[4]; // IPv4: [0] only
@@ -350,6 +438,7 @@ struct flow {
 #define P_PASS 1      // not VIP traffic, or Neighbor Discovery: pass untouched
 #define P_MALFORMED 2 // VIP traffic with a broken header: drop, count
 #define P_HB_DROP 3   // a heartbeat from a stranger: drop, count apart
+#define P_FOREIGN 4   // forwarded by no member: drop, count apart
 
 static __always_inline int count(__u32 slot, __u32 idx)
 {
@@ -688,6 +777,7 @@ static __always_inline int parse4(__u8 *ip, void *data_end, __u32 version, struc
 	__u32 total = bpf_ntohs(*(__u16 *)(ip + 2));
 	if ((ip[0] >> 4) != 4 || ihl < 20 || total < ihl || total > avail)
 		return P_MALFORMED;
+	f->ip_len = total;
 
 	__u8 proto = ip[9];
 	__u32 l4len = total - ihl;
@@ -853,6 +943,7 @@ static __always_inline int parse6(shoal_ctx *ctx, __u8 *data, __u8 *ip, void *da
 	if ((ip[0] >> 4) != 6 || plen == 0 || plen + 40 > avail)
 		return P_MALFORMED;
 	__u32 total = plen + 40;
+	f->ip_len = total;
 	struct walk w = {};
 	if (walk_ipv6(ip, total, data_end, &w) < 0)
 		return P_MALFORMED;
@@ -901,6 +992,11 @@ static __always_inline int parse6(shoal_ctx *ctx, __u8 *data, __u8 *ip, void *da
 #define V_PASS XDP_PASS
 #define V_TX XDP_TX
 #define V_ACCEPT 100
+#define V_FWD 101       // tc: forwarded (redirected)
+#define V_NOT_TAKEN 102 // routed: not taken here; shoal_forward decides
+#define TC_ACT_REDIRECT 7
+#define BPF_F_ADJ_ROOM_DECAP_L3_IPV4_ (1ULL << 7)
+#define BPF_F_ADJ_ROOM_DECAP_L3_IPV6_ (1ULL << 8)
 
 // accept counts an accepted frame under slot and rewrites its destination
 // MAC to mac when the build does.
@@ -951,6 +1047,225 @@ static __always_inline int hand_over(shoal_ctx *ctx, __u32 version, __u32 slot, 
 	return V_TX;
 }
 
+static __always_inline void fwd_drop_count(__u32 idx)
+{
+	__u64 *n = bpf_map_lookup_elem(&fwd_drops, &idx);
+	if (n)
+		(*n)++;
+}
+
+static __always_inline void peer_count(__be32 addr, __u32 idx)
+{
+	struct peer_counters *pc = bpf_map_lookup_elem(&fwd_stats, &addr);
+	if (pc && idx < NUM_PEER_COUNTERS)
+		pc->n[idx]++;
+}
+
+// ip_csum returns the checksum of a 20-byte IPv4 header (its checksum
+// field zero).
+static __always_inline __u16 ip_csum(__u16 *h)
+{
+	__u32 sum = 0;
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		sum += h[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
+// outer_header fills the 20-byte IPv4 header of a forwarded packet: from
+// this node to the target, IP-in-IP or IPv6-in-IPv4, don't fragment, the
+// mark and hop count in its id.
+static __always_inline void outer_header(__u8 *h, __be32 from, __be32 to, int v6, __u32 inner_len, __u8 hops)
+{
+	__u16 *w = (__u16 *)h;
+	h[0] = 0x45;
+	h[1] = 0;
+	w[1] = bpf_htons(inner_len + ENCAP_LEN);
+	w[2] = bpf_htons(FWD_MARK | hops);
+	w[3] = bpf_htons(0x4000);
+	h[8] = 64;
+	h[9] = v6 ? IPPROTO_IPV6_ : IPPROTO_IPIP;
+	w[5] = 0;
+	*(__be32 *)(h + 12) = from;
+	*(__be32 *)(h + 16) = to;
+	w[5] = ip_csum(w);
+}
+
+// forward sends the frame of flow f, which this node does not take, to
+// node to, encapsulated, from this node's address self: a hop more than
+// it made, out by the interface it came in by, to the next hop's MAC the
+// agent resolved (the target's, or its gateway's on another subnet), from
+// this interface's (mac). second: to a previous owner of the bucket,
+// counted as a second chance.
+//
+// It is a global function, verified once, not at every way to reach it.
+// The target is index ti of the forward table of version or, for ti 0,
+// the first index of address to_addr (a later fragment's: its first went
+// there). how packs slot << 16 | reason << 8 | second.
+__attribute__((noinline)) int shoal_forward(shoal_ctx *ctx, struct flow *f, __u32 version)
+{
+	if (!f)
+		return V_DROP;
+	__u32 slot = f->slot, reason = f->reason;
+	int second = f->second;
+	if (slot >= MAX_SLOTS)
+		slot = 0;
+	version &= 3;
+	struct fwd_table *ft = bpf_map_lookup_elem(&fwd, &version);
+	struct settings *s = bpf_map_lookup_elem(&settings, &version);
+	if (!ft || !s || !ft->self)
+		return drop(slot, reason);
+	__u8 *mac = s->mac;
+	__u32 ti = 0;
+	if (f->fwd_addr) {
+		for (__u32 i = 1; i < MAX_PEERS; i++) {
+			if (ft->peer[i] == f->fwd_addr) {
+				ti = i;
+				break;
+			}
+		}
+	} else {
+		__u32 rkey = version * MAX_SLOTS + slot;
+		struct bucket_table *fb = bpf_map_lookup_elem(&fwd_buckets, &rkey);
+		if (fb)
+			ti = fb->state[f->bucket & (NUM_BUCKETS - 1)];
+	}
+	if (ti == 0 || ti >= MAX_PEERS)
+		return drop(slot, reason);
+	asm volatile("%[v] &= 63" : [v] "+r"(ti)); // MAX_PEERS - 1, for the verifier: the compiler drops a C mask
+	__be32 to = ft->peer[ti];
+	if (!to)
+		return drop(slot, reason);
+	if (f->first_frag) {
+		// The later fragments go where this one goes.
+		struct frag_key fk = f->fk;
+		struct frag_verdict fv = {.slot = slot, .accept = 0, .reason = reason, .to = to};
+		bpf_map_update_elem(&frags, &fk, &fv, BPF_ANY);
+	}
+	// A SYN forwarded here by the node this one acquires the bucket from
+	// (its forward target while pending) is handed over: taken, as the
+	// multicast modes take a SYN handed over to this node's MAC.
+	if (f->pending && f->syn && !f->first_frag && f->from == to && !lease_expired()) {
+		count(slot, C_HANDED_IN);
+		return V_ACCEPT;
+	}
+	__be32 self = ft->self;
+	__u32 len = f->ip_len;
+	if (f->hops >= MAX_HOPS || to == self || !self) {
+		fwd_drop_count(F_HOP_LIMIT);
+		return drop(slot, reason);
+	}
+	if (f->l3_off != sizeof(struct ethhdr)) {
+		fwd_drop_count(F_NO_ROUTE); // 802.1Q-tagged: not forwarded
+		return drop(slot, reason);
+	}
+	__u8 *nh = ft->mac[ti];
+	if (!(nh[0] | nh[1] | nh[2] | nh[3] | nh[4] | nh[5])) {
+		fwd_drop_count(F_NO_ROUTE);
+		return drop(slot, reason);
+	}
+#ifdef SHOAL_TC
+	int gso = ctx->gso_segs > 1;
+#else
+	int gso = 0;
+#endif
+	if (!gso && ft->mtu && len + ENCAP_LEN > ft->mtu) {
+		fwd_drop_count(F_TOO_BIG);
+		return drop(slot, reason);
+	}
+	// The new Ethernet and IPv4 headers, from buf + 2: the IPv4 header's
+	// words aligned on the stack.
+	__u8 buf[2 + sizeof(struct ethhdr) + ENCAP_LEN] __attribute__((aligned(4)));
+	__u8 *hdr = buf + 2;
+	__builtin_memcpy(hdr, nh, 6);
+	__builtin_memcpy(hdr + 6, mac, 6);
+	hdr[12] = 0x08;
+	hdr[13] = 0x00;
+	outer_header(hdr + sizeof(struct ethhdr), self, to, f->v6, len, f->hops + 1);
+#ifdef SHOAL_TC
+	if (bpf_skb_adjust_room(ctx, ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) ||
+	    bpf_skb_store_bytes(ctx, 0, hdr, sizeof(buf) - 2, 0)) {
+		fwd_drop_count(F_NO_ROUTE);
+		return drop(slot, reason);
+	}
+	peer_count(to, second ? P_SECOND : P_OUT);
+	count(slot, C_FORWARDED);
+	return bpf_redirect(ctx->ifindex, 0) == TC_ACT_REDIRECT ? V_FWD : V_DROP;
+#else
+	if (bpf_xdp_adjust_head(ctx, -ENCAP_LEN)) {
+		fwd_drop_count(F_NO_ROUTE);
+		return drop(slot, reason);
+	}
+	__u8 *data = (void *)(long)ctx->data;
+	if (data + sizeof(buf) - 2 > (__u8 *)(long)ctx->data_end)
+		return V_DROP;
+	__builtin_memcpy(data, hdr, sizeof(buf) - 2);
+	peer_count(to, second ? P_SECOND : P_OUT);
+	count(slot, C_FORWARDED);
+	return XDP_TX;
+#endif
+}
+
+// decap strips the outer header of a packet forwarded to this node (an
+// IPv4 header ip, within the frame, right after an untagged Ethernet
+// header), after checking that it comes from a member, and fills f's hops
+// and source. P_PASS: not a packet forwarded to this node (another
+// tunnel's); P_MALFORMED: dropped (counted as foreign, when it is).
+// It is a global function, verified once.
+__attribute__((noinline)) int shoal_decap(shoal_ctx *ctx, struct flow *f, __u32 version)
+{
+	if (!f)
+		return P_MALFORMED;
+	version &= 3;
+	if (version >= NUM_VERSIONS)
+		return P_PASS;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 *ip = (__u8 *)(long)ctx->data + sizeof(struct ethhdr);
+	if (ip + 20 > (__u8 *)data_end)
+		return P_PASS;
+	struct fwd_table *ft = bpf_map_lookup_elem(&fwd, &version);
+	if (!ft || !ft->self || *(__be32 *)(ip + 16) != ft->self)
+		return P_PASS;
+	__u16 id = bpf_ntohs(*(__u16 *)(ip + 4));
+	if (ip[0] != 0x45 || (id & FWD_MARK_MASK) != FWD_MARK)
+		return P_PASS;
+	__be32 from = *(__be32 *)(ip + 12);
+	struct peer_counters *pc = bpf_map_lookup_elem(&fwd_stats, &from);
+	if (!pc) {
+		fwd_drop_count(F_FOREIGN);
+		return P_FOREIGN;
+	}
+	pc->n[P_IN]++;
+	f->from = from;
+	f->hops = id & 0xff;
+	int inner6 = ip[9] == IPPROTO_IPV6_;
+	__be16 inner = inner6 ? bpf_htons(ETH_P_IPV6_) : bpf_htons(ETH_P_IP_);
+#ifdef SHOAL_TC
+	__u64 flags = inner6 ? BPF_F_ADJ_ROOM_DECAP_L3_IPV6_ : BPF_F_ADJ_ROOM_DECAP_L3_IPV4_;
+	if (bpf_skb_adjust_room(ctx, -ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags) &&
+	    (inner6 || bpf_skb_adjust_room(ctx, -ENCAP_LEN, BPF_ADJ_ROOM_MAC, 0)))
+		return P_MALFORMED;
+	if (bpf_skb_store_bytes(ctx, offsetof(struct ethhdr, h_proto), &inner, 2, 0))
+		return P_MALFORMED;
+#else
+	struct ethhdr eth;
+	__u8 *data = (void *)(long)ctx->data;
+	if (data + sizeof(eth) > (__u8 *)data_end)
+		return P_MALFORMED;
+	__builtin_memcpy(&eth, data, sizeof(eth));
+	eth.h_proto = inner;
+	if (bpf_xdp_adjust_head(ctx, ENCAP_LEN))
+		return P_MALFORMED;
+	data = (void *)(long)ctx->data;
+	if (data + sizeof(eth) > (__u8 *)(long)ctx->data_end)
+		return P_MALFORMED;
+	__builtin_memcpy(data, &eth, sizeof(eth));
+#endif
+	return P_JUDGE;
+}
+
 // prev_takes reports whether the tables of version prev take the SYN of f
 // (OWNED, OWNED_DIRTY): its rule and bucket under prev's mapping, as
 // filter.Classifier.prevTakes finds them.
@@ -997,9 +1312,17 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 			__u32 fslot = fv->slot;
 			if (fslot >= MAX_SLOTS)
 				fslot = 0;
+			struct settings *fs = bpf_map_lookup_elem(&settings, &version);
+			if (!fv->accept && fv->to && fs && fs->routed) {
+				// The node the first fragment went to.
+				f->fwd_addr = fv->to;
+				f->slot = fslot;
+				f->reason = fv->reason;
+				f->second = 0;
+				return V_NOT_TAKEN;
+			}
 			if (!fv->accept)
 				return drop(fslot, fv->reason);
-			struct settings *fs = bpf_map_lookup_elem(&settings, &version);
 			if (!fs)
 				return V_PASS;
 			return accept(ctx, fslot, fs->mac);
@@ -1079,14 +1402,14 @@ static __always_inline int shoal_verdict(shoal_ctx *ctx, struct flow *f, __u32 v
 		if (reason && prev >= 1 && prev <= NUM_VERSIONS && !lease_expired() && prev_takes(f, prev - 1)) {
 			if (to == HAND_KEEP || to == HAND_PENDING)
 				reason = 0;
-			else if (to)
+			else if (to && !s->routed)
 				return hand_over(ctx, version, slot, to, s->mac, reason);
 		}
 		goto verdict;
 	}
 	// A stalled node hands nothing over: its view, and so who the new owner
 	// is, may be long out of date.
-	if (to && f->syn && !f->first_frag && (reason == R_NOT_OWNED || reason == R_DRAIN_NO_CONN) && !lease_expired())
+	if (to && !s->routed && f->syn && !f->first_frag && (reason == R_NOT_OWNED || reason == R_DRAIN_NO_CONN) && !lease_expired())
 		return hand_over(ctx, version, slot, to, s->mac, reason);
 
 verdict:
@@ -1094,6 +1417,17 @@ verdict:
 		struct frag_key fk = f->fk;
 		struct frag_verdict fv = {.slot = slot, .accept = !reason, .reason = reason};
 		bpf_map_update_elem(&frags, &fk, &fv, BPF_ANY);
+	}
+	// Routed: what this node does not take goes to its owner, or, from a
+	// bucket this node owns (acquired, or about to be), to the previous
+	// owner that may hold its connection: the second chance.
+	if (reason && reason != R_DISABLED && s->routed) {
+		f->slot = slot;
+		f->reason = reason;
+		f->bucket = bucket;
+		f->second = st == ST_OWNED_DIRTY || to == HAND_PENDING;
+		f->pending = st == ST_DRAINING && to == HAND_PENDING;
+		return V_NOT_TAKEN;
 	}
 	if (reason)
 		return drop(slot, reason);
@@ -1135,14 +1469,35 @@ static __always_inline int shoal_judge(shoal_ctx *ctx)
 	struct flow f = {};
 	__u8 *th = 0; // the TCP header, for the SYN-cookie check
 	int p;
+	if (!v6 && (ip[9] == IPPROTO_IPIP || ip[9] == IPPROTO_IPV6_) && ip == (__u8 *)(eth + 1)) {
+		// Forwarded here by a member (routed mode): judged as the packet
+		// it carries, which must be VIP traffic.
+		p = shoal_decap(ctx, &f, version);
+		if (p == P_FOREIGN)
+			return V_DROP;
+		if (p == P_MALFORMED)
+			return drop(0, R_MALFORMED);
+		// The call may have moved the packet (it did for P_JUDGE).
+		data = (void *)(long)ctx->data;
+		data_end = (void *)(long)ctx->data_end;
+		eth = data;
+		ip = (__u8 *)(eth + 1);
+		if (ip + 20 > (__u8 *)data_end)
+			return p == P_JUDGE ? drop(0, R_MALFORMED) : V_PASS;
+		v6 = eth->h_proto == bpf_htons(ETH_P_IPV6_);
+	}
 	if (v6) {
 		if (ip + 40 > (__u8 *)data_end)
-			return V_PASS;
+			return f.from ? drop(0, R_MALFORMED) : V_PASS;
 		p = parse6(ctx, data, ip, data_end, version, &f, &th);
 	} else {
 		if (ip + 20 > (__u8 *)data_end)
 			return V_PASS;
 		p = parse4(ip, data_end, version, &f, &th);
+	}
+	if (f.from && (p == P_PASS || p == P_HB_DROP)) {
+		fwd_drop_count(F_FOREIGN); // not VIP traffic: nothing a member forwards
+		return V_DROP;
 	}
 	switch (p) {
 	case P_PASS:
@@ -1158,7 +1513,10 @@ static __always_inline int shoal_judge(shoal_ctx *ctx)
 		f.th_off = (long)th - (long)data;
 		f.has_th = 1;
 	}
-	return shoal_verdict(ctx, &f, version);
+	int v = shoal_verdict(ctx, &f, version);
+	if (v == V_NOT_TAKEN)
+		return shoal_forward(ctx, &f, version);
+	return v;
 }
 
 #ifndef SHOAL_TC
@@ -1193,6 +1551,85 @@ int shoal_tc(struct __sk_buff *skb)
 		bpf_skb_change_type(skb, PACKET_HOST_);
 	if (v == V_TX)
 		return bpf_redirect(skb->ifindex, 0);
+	if (v == V_FWD)
+		return TC_ACT_REDIRECT;
+	return TC_ACT_OK_;
+}
+
+// clamp_mss lowers the MSS option of the TCP SYN-ACK at th (doff bytes of
+// header, at th_off in the skb) to mss, fixing the checksum.
+static __always_inline void clamp_mss(struct __sk_buff *skb, __u8 *th, __u32 th_off, __u32 doff, void *data_end, __u16 mss)
+{
+	__u32 off = 20;
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		if (off + 4 > doff || off > 56)
+			return;
+		__u8 *o = th + off;
+		if (o + 4 > (__u8 *)data_end)
+			return;
+		if (o[0] == 0)
+			return;
+		if (o[0] == 1) {
+			off++;
+			continue;
+		}
+		if (o[0] == 2 && o[1] == 4) {
+			__be16 old = *(__be16 *)(o + 2), new = bpf_htons(mss);
+			if (bpf_ntohs(old) <= mss)
+				return;
+			bpf_l4_csum_replace(skb, th_off + 16, old, new, 2);
+			bpf_skb_store_bytes(skb, th_off + off + 2, &new, 2, 0);
+			return;
+		}
+		if (o[1] < 2)
+			return;
+		off += o[1];
+	}
+}
+
+// shoal_mss (tc egress, routed forwarding on) makes the SYN-ACKs this node
+// sends from a VIP advertise an MSS that leaves room for the encapsulation
+// (fwd.mss4, fwd.mss6): a client's full-size segment, forwarded to its
+// owner by whichever node ECMP gave it to, then still fits the MTU.
+SEC("tc")
+int shoal_mss(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK_;
+	__u32 zero = 0;
+	__u32 *ver = bpf_map_lookup_elem(&active, &zero);
+	if (!ver)
+		return TC_ACT_OK_;
+	__u32 version = *ver;
+	if (version >= NUM_VERSIONS)
+		return TC_ACT_OK_;
+	struct fwd_table *ft = bpf_map_lookup_elem(&fwd, &version);
+	if (!ft || !ft->self)
+		return TC_ACT_OK_;
+	__u8 *ip = (__u8 *)(eth + 1);
+	__u32 idx;
+	if (eth->h_proto == bpf_htons(ETH_P_IP_) && ft->mss4) {
+		if (ip + 20 > (__u8 *)data_end || ip[9] != IPPROTO_TCP)
+			return TC_ACT_OK_;
+		__u32 ihl = (ip[0] & 0x0f) * 4;
+		if (ihl < 20 || ihl > 60 || !vip_index(version, *(__u32 *)(ip + 12), &idx))
+			return TC_ACT_OK_;
+		__u8 *th = ip + ihl;
+		if (th + 20 > (__u8 *)data_end || (th[13] & 0x12) != 0x12)
+			return TC_ACT_OK_;
+		clamp_mss(skb, th, sizeof(*eth) + ihl, (th[12] >> 4) * 4, data_end, ft->mss4);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6_) && ft->mss6) {
+		if (ip + 40 > (__u8 *)data_end || ip[6] != IPPROTO_TCP || !vip6_index(version, ip + 8, &idx))
+			return TC_ACT_OK_;
+		__u8 *th = ip + 40;
+		if (th + 20 > (__u8 *)data_end || (th[13] & 0x12) != 0x12)
+			return TC_ACT_OK_;
+		clamp_mss(skb, th, sizeof(*eth) + 40, (th[12] >> 4) * 4, data_end, ft->mss6);
+	}
 	return TC_ACT_OK_;
 }
 #endif
