@@ -122,7 +122,6 @@ func (c *Classifier) SetMembers(addrs []netip.Addr) {
 	}
 }
 
-
 // NewClassifier returns a classifier for a node with tables t whose cluster
 // interface has MAC ifMAC. conns may be nil for a node with no connections.
 func NewClassifier(t *Tables, ifMAC net.HardwareAddr, conns ConnLookup) *Classifier {
