@@ -170,15 +170,19 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
 		Dataplane:   dp, MAC: h.MAC, Scan: track.Scan, Health: a.healthy, RenewLease: xdp.RenewLease,
 		Neighbors: func() map[netip.Addr]net.HardwareAddr { return host.NeighborMACs(cfg.Interface, log) },
+		Forward:   forwarding(cfg, log),
 		OnRules: func(st *rules.State) {
 			h.SetVIPs(st.VIPs, st.Settings.MACMode)
 			self, peers := a.heartbeatAllow(st)
 			if err := xdp.SetHeartbeatPeers(self, peers); err != nil {
 				log.Warn("xdp heartbeat filter; heartbeats from anyone reach the socket", "err", err)
 			}
+			if err := xdp.SetMembers(node.MemberAddrs(st)); err != nil {
+				log.Warn("xdp forwarding: members; packets forwarded here are dropped", "err", err)
+			}
 		},
 		OnPush: func(s *node.Snap) {
-			if el := s.Heartbeat().View.Has(uint32(a.self)); el != eligible {
+			if el := announces(s, a.self, a.node); el != eligible {
 				eligible = el
 				h.SetEligible(el)
 			}
@@ -431,4 +435,32 @@ func (a *Agent) heartbeatAllow(st *rules.State) (netip.AddrPort, []netip.AddrPor
 		}
 	}
 	return p, peers
+}
+
+// forwarding is what routed mode's forwarding needs of the host, nil when
+// the configuration turns it off.
+func forwarding(cfg *config.Config, log *slog.Logger) *node.Forwarding {
+	if cfg.BGP.NoForward {
+		return nil
+	}
+	return &node.Forwarding{
+		MTU: func() int { return host.LinkMTU(cfg.Interface) },
+		NextHops: func(addrs []netip.Addr) map[netip.Addr]net.HardwareAddr {
+			return host.NextHopMACs(cfg.Interface, addrs, log)
+		},
+	}
+}
+
+// announces reports whether the node claims the VIPs: while it is in the
+// view; in routed mode with forwarding also while it drains, forwarding
+// the new flows the routers still send it to their owners, until the
+// drain ends (a router that moves a held flow elsewhere meanwhile is
+// covered by the second chance).
+func announces(s *node.Snap, self filter.NodeID, n *node.Node) bool {
+	if s.Heartbeat().View.Has(uint32(self)) {
+		return true
+	}
+	me := s.Rules().Node(self)
+	t := n.Tables()
+	return me != nil && me.Admin == rules.AdminDraining && t != nil && t.Forwarding()
 }

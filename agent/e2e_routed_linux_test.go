@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -10,66 +11,137 @@ import (
 	"github.com/shoalnet/shoal/deploy/lab"
 )
 
-// TestE2ERoutedECMPBaseline measures what plain ECMP does to established
-// connections in routed mode (part 1: no forwarding to the owner yet):
-// 60 long-lived keep-alive connections through the lab's router, then a
-// drainstop of node3 (it withdraws at once) and its start again. Every
-// connection node3 held breaks when it withdraws (the router sends its
-// flows elsewhere), and the rehash may move some of the others' too; the
-// counts are the baseline forwarding to the owner must bring to 0.
-func TestE2ERoutedECMPBaseline(t *testing.T) {
+// TestE2ERoutedForwarding holds 60 keep-alive connections through the
+// routed lab's router (a request every 100 ms each, 3 s timeout) beside a
+// new-connection load (2 s timeout) across every change that moves flows
+// between nodes: a drainstop of node3 (its connections finish after 3 s),
+// its start, a weight change, and a rehash at the router (node2's next
+// hop removed and put back). With forwarding to the owner (the default)
+// no held connection breaks and no request fails; with forwarding off
+// (plain ECMP, the baseline) node3's connections break as soon as it
+// withdraws, and the test reports what the other changes broke.
+func TestE2ERoutedForwarding(t *testing.T) {
 	if _, err := exec.LookPath("vtysh"); err != nil {
 		t.Skip("routed mode's lab router needs FRR: apt-get install frr")
 	}
-	l := upLabWith(t, lab.Options{Nodes: 3, MACMode: "routed"})
+	for _, tc := range []struct {
+		name      string
+		noForward bool
+	}{{"forward", false}, {"ecmp", true}} {
+		t.Run(tc.name, func(t *testing.T) { testRoutedChanges(t, tc.noForward) })
+	}
+}
+
+func testRoutedChanges(t *testing.T, noForward bool) {
+	l := upLabWith(t, lab.Options{Nodes: 3, MACMode: "routed", NoForward: noForward})
 	conns := dialFromClient(t, l, 60)
 	h := hold(t, l, conns, 100*time.Millisecond)
-	onNode3 := len(byNode(conns)["node3"])
-	if onNode3 == 0 {
+	onNode3 := byNode(conns)["node3"]
+	if len(onNode3) == 0 {
 		t.Fatal("no held connection landed on node3: the test proves nothing")
 	}
-	broken := func() (n int) {
+	waitLoad := startLoad(context.Background(), t, l, lab.LoadArgs{Duration: 20 * time.Second, Concurrency: 4, Timeout: 2 * time.Second})
+	closed := map[*heldConn]bool{} // by the test itself
+	broken := func(which []*heldConn) (n int) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		for _, c := range conns {
-			if c.err != nil || c.moved != "" {
+		for _, c := range which {
+			if !closed[c] && (c.err != nil || c.moved != "") {
 				n++
 			}
 		}
 		return n
 	}
-	// Its connections do not end on it (their packets go elsewhere now),
-	// so the drain runs to its timeout and stops the node (exit 4).
-	if out, err := l.CLI(t.Context(), "node1", "drainstop", "--node", "node3", "--timeout", "1s"); err != nil && !strings.Contains(err.Error(), "still draining") {
-		t.Fatalf("drainstop: %v: %s", err, out)
+	hops := func(want int) {
+		t.Helper()
+		if err := lab.Poll(t.Context(), 15*time.Second, 50*time.Millisecond, func() error {
+			hops, err := l.NextHops(t.Context(), l.VIP)
+			if err == nil && len(hops) != want {
+				err = fmt.Errorf("next hops %v, want %d", hops, want)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	steps := []string{}
+	step := func(name string) { steps = append(steps, fmt.Sprintf("%s %d", name, broken(conns))) }
+
+	// Drainstop: with forwarding node3 keeps announcing while it drains,
+	// forwarding the new flows it still gets; without, it withdraws at once.
 	time.Sleep(time.Second)
-	afterDrain := broken()
-	brokenOn3 := 0
+	drained := make(chan error, 1)
+	timeout := "60s"
+	if noForward {
+		timeout = "5s" // node3's sockets outlive the connections its withdrawal broke
+	}
+	go func() {
+		_, err := l.CLI(context.Background(), "node1", "drainstop", "--node", "node3", "--timeout", timeout)
+		drained <- err
+	}()
+	time.Sleep(3 * time.Second)
+	node3Broken := broken(onNode3)
+	if !noForward {
+		if hs, err := l.NextHops(t.Context(), l.VIP); err != nil || len(hs) != 3 {
+			t.Errorf("next hops while node3 drains: %v %v; want all three (it announces until drained)", hs, err)
+		}
+	}
+	step("drainstop")
+	// node3's connections finish; the drain ends and node3 stops.
 	h.mu.Lock()
-	for _, c := range byNode(conns)["node3"] {
-		if c.err != nil || c.moved != "" {
-			brokenOn3++
+	for _, c := range onNode3 {
+		if c.err == nil && c.moved == "" {
+			c.c.Close()
+			closed[c] = true
 		}
 	}
 	h.mu.Unlock()
-	if brokenOn3 != onNode3 {
-		t.Errorf("%d of node3's %d connections survived its withdrawal: plain ECMP should have moved them all", onNode3-brokenOn3, onNode3)
+	select {
+	case err := <-drained:
+		if err != nil && !noForward {
+			t.Errorf("drainstop: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("drainstop did not return after node3's connections closed")
 	}
+	hops(2)
 	if _, err := l.CLI(t.Context(), "node1", "start", "--node", "node3"); err != nil {
 		t.Fatal(err)
 	}
-	if err := lab.Poll(t.Context(), 15*time.Second, 50*time.Millisecond, func() error {
-		hops, err := l.NextHops(t.Context(), l.VIP)
-		if err == nil && len(hops) != 3 {
-			err = fmt.Errorf("next hops %v", hops)
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("node3 started: %v", err)
-	}
+	hops(3)
 	time.Sleep(time.Second)
-	total := broken()
+	step("start")
+	if _, err := l.CLI(t.Context(), "node2", "weight", "set", "1", "node1", "100"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	step("weight")
+	node2 := l.Nodes[1].Addr
+	for _, down := range []bool{true, false} {
+		if err := l.SetNextHop(t.Context(), node2, down); err != nil {
+			t.Fatal(err)
+		}
+		hops(map[bool]int{true: 2, false: 3}[down])
+		time.Sleep(time.Second)
+	}
+	step("rehash")
+	res := waitLoad()
 	h.close()
-	t.Logf("routed mode, plain ECMP: drainstop of node3 broke %d of 60 held connections (all %d of node3's); its start broke %d more", afterDrain, onNode3, total-afterDrain)
+	h.mu.Lock()
+	for c := range closed {
+		c.err = nil
+	}
+	h.mu.Unlock()
+	t.Logf("routed, forwarding %v: held connections broken (cumulative, of 60): %s; node3's %d of %d broken while it drained; new connections: %d of %d failed",
+		!noForward, strings.Join(steps, ", "), node3Broken, len(onNode3), res.Failures, res.Requests)
+	if noForward {
+		if node3Broken != len(onNode3) {
+			t.Errorf("plain ECMP: %d of node3's %d connections survived its withdrawal", len(onNode3)-node3Broken, len(onNode3))
+		}
+		return
+	}
+	h.check(t)
+	if res.Failures != 0 {
+		t.Errorf("%d of %d new-connection requests failed: %v %v", res.Failures, res.Requests, res.Errors, res.FailureList)
+	}
 }

@@ -23,6 +23,11 @@ type BGP struct {
 	NextHop6    netip.Addr    `yaml:"next_hop6"`
 	Communities []string      `yaml:"communities"` // "ASN:value", attached to every announcement
 	Neighbors   []BGPNeighbor `yaml:"neighbors"`
+	// NoForward turns forwarding off: the node keeps every packet the
+	// routers send it, as plain ECMP does, and every change of the
+	// routers' next hops breaks the connections it moves. For comparisons
+	// only, and on every node alike (docs/ROUTED.md).
+	NoForward bool `yaml:"no_forward"`
 }
 
 // BGPNeighbor is one router the node peers with.

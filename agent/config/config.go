@@ -244,6 +244,11 @@ func (c *Config) fields() []field {
 			}
 			return nil
 		}},
+		{"bgp_no_forward", func(v string) error {
+			b, err := strconv.ParseBool(v)
+			c.BGP.NoForward = b
+			return err
+		}},
 		{"bgp_bfd", func(v string) error {
 			b, err := strconv.ParseBool(v)
 			for i := range c.BGP.Neighbors {

@@ -34,3 +34,36 @@ func NeighborMACs(ifname string, log *slog.Logger) map[netip.Addr]net.HardwareAd
 	}
 	return out
 }
+
+// NextHopMACs returns, for each address, the MAC a packet to it leaves
+// ifname with: its own neighbour entry's, or, when the route to it goes
+// through a gateway, the gateway's. Addresses whose MAC is not known are
+// missing (the peers' heartbeats keep their entries known). Errors are
+// logged and give none.
+func NextHopMACs(ifname string, addrs []netip.Addr, log *slog.Logger) map[netip.Addr]net.HardwareAddr {
+	neigh := NeighborMACs(ifname, log)
+	out := make(map[netip.Addr]net.HardwareAddr, len(addrs))
+	for _, a := range addrs {
+		routes, err := netlink.RouteGet(a.AsSlice())
+		if err != nil || len(routes) == 0 {
+			continue
+		}
+		hop := a
+		if gw, ok := netip.AddrFromSlice(routes[0].Gw); ok && gw.IsValid() && !gw.IsUnspecified() {
+			hop = gw.Unmap()
+		}
+		if mac := neigh[hop]; mac != nil {
+			out[a] = mac
+		}
+	}
+	return out
+}
+
+// LinkMTU returns ifname's MTU, 0 when it cannot be read.
+func LinkMTU(ifname string) int {
+	link, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return 0
+	}
+	return link.Attrs().MTU
+}

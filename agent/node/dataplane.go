@@ -50,6 +50,9 @@ type reconciler struct {
 	// addresses (the peers' heartbeat addresses among them): the MACs
 	// SYNs are handed over to. Nil: no hand-over.
 	neighbors func() map[netip.Addr]net.HardwareAddr
+	// fwd completes routed mode's tables with forwarding; nil: the node
+	// keeps whatever the routers send it (plain ECMP).
+	fwd *forwarder
 
 	failures atomic.Uint64 // table pushes the data plane refused
 	pub      atomic.Pointer[dataSnap]
@@ -214,7 +217,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		}
 	}
 	routed := s.rs.Settings.MACMode == rules.MACRouted
-	if routed {
+	if routed && r.fwd == nil {
 		// The routers choose which node serves a flow: this node keeps
 		// whatever it is sent (no bucket is another's, none is dirty)
 		// unless it is stopped or suspended, as in the other modes.
@@ -224,12 +227,17 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		}
 	}
 	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, hold)
-	if !routed {
+	if !routed || r.fwd != nil {
 		p.tables.Prev = r.prev
 	}
 	p.tables.Routed = routed
 	hands := r.handOver(now, s, p.tables, accept.Buckets)
 	r.remapKeep = r.keepRemapped(now, s, p.tables, remapped, hands)
+	if routed && r.fwd != nil {
+		// Routed: the packets this node does not take go to the node that
+		// does (docs/ROUTED.md).
+		r.fwd.complete(s, r.self, p.tables)
+	}
 	t2 := r.now()
 	// Tables the kernel already holds need no push (a view that moves
 	// nothing here, the same tables for the next snapshot): pushing them
@@ -750,8 +758,14 @@ func sameTables(a, b *filter.Tables) bool {
 			return false
 		}
 	}
-	if a.HandMACs != b.HandMACs || a.Prev != b.Prev || a.Routed != b.Routed {
+	if a.HandMACs != b.HandMACs || a.Prev != b.Prev || a.Routed != b.Routed || a.Self != b.Self || a.MTU != b.MTU ||
+		a.Peers != b.Peers || a.PeerMACs != b.PeerMACs || len(a.Forward) != len(b.Forward) {
 		return false
+	}
+	for id, f := range a.Forward {
+		if o := b.Forward[id]; o == nil || *o != *f {
+			return false
+		}
 	}
 	for _, pair := range [][2]*filter.Tables{{a, b}, {b, a}} {
 		for id, h := range pair[0].HandTo {

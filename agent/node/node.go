@@ -52,7 +52,10 @@ type Config struct {
 	// the peers' heartbeat addresses among them: released buckets' SYNs are
 	// handed over to their new owners' MACs. Nil: no hand-over.
 	Neighbors func() map[netip.Addr]net.HardwareAddr
-	Probe     probeCheck // asks a suspect's peer API if it is alive; nil: no probes
+	// Forward turns routed mode's forwarding on (docs/ROUTED.md); nil:
+	// in routed mode the node keeps whatever the routers send it.
+	Forward *Forwarding
+	Probe   probeCheck // asks a suspect's peer API if it is alive; nil: no probes
 	// Inherit, after a restart, is what the previous agent's tables held:
 	// the first machine starts from it (see restart.go).
 	Inherit *Inheritance
@@ -92,6 +95,9 @@ func New(c Config) (*Node, error) {
 		rec.onPush = c.OnPush
 	}
 	rec.neighbors = c.Neighbors
+	if c.Forward != nil {
+		rec.fwd = &forwarder{host: c.Forward}
+	}
 	return &Node{self: c.Self, log: c.Log, link: c.Link, dp: c.Dataplane, mem: mem, rec: rec, trk: trk}, nil
 }
 

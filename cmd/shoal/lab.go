@@ -27,6 +27,7 @@ var labBuildFlags = []cli.Flag{
 		Usage: "the HTTP server on every node: builtin (VIP:80), dualstack (the built-in one on [::]:80), nginx or apache (Debian's)"},
 	&cli.DurationFlag{Name: "period", Usage: "heartbeat period of the agents (default: the agent's)"},
 	&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "the cluster's MAC mode: multicast (a flooding switch), igmp (a switch with IGMP snooping and a querier, and a bystander namespace) or routed (FRR in a router namespace between the client and the nodes, BGP and BFD to every node, kernel ECMP)"},
+	&cli.BoolFlag{Name: "no-forward", Usage: "routed mode without forwarding to the owner: every node keeps what the router sends it, as plain ECMP does (to compare)"},
 	&cli.BoolFlag{Name: "parallel-start", Hidden: true, Usage: "start every agent at once (default: one after the other)"},
 	&cli.BoolFlag{Name: "keep-failed", Hidden: true, Usage: "leave a lab that failed to come up in place, for its logs"},
 	&cli.StringFlag{Name: "binary", Hidden: true, Usage: "the shoal binary the namespaces run (default: this one)"},
@@ -254,8 +255,9 @@ func labOptions(c *cli.Context) lab.Options {
 		Binary: c.String("binary"),
 		Base:   c.String("base"),
 
-		MACMode: c.String("mac-mode"),
-		Log:     cliLogger(c),
+		MACMode:   c.String("mac-mode"),
+		NoForward: c.Bool("no-forward"),
+		Log:       cliLogger(c),
 
 		KeepLogs:      c.String("keep-logs"),
 		KeepOnFailure: c.Bool("keep-failed"),

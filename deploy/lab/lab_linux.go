@@ -76,6 +76,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	}
 	if o.MACMode == "routed" {
 		st.makeRouted(o.Routers)
+		st.NoForward = o.NoForward
 	}
 	st.KeepLogs = o.KeepLogs
 	st.Created = time.Now()

@@ -33,6 +33,10 @@ type Options struct {
 	// (1 if zero): the first is between the client and the nodes; a
 	// second sits on the nodes' LAN only.
 	Routers int
+	// NoForward, in routed mode, turns the agents' forwarding off: each
+	// node keeps what the router sends it, as plain ECMP does (for
+	// comparisons).
+	NoForward bool
 	// ReadyTimeout bounds the wait for the cluster to converge; 30 s if zero.
 	ReadyTimeout time.Duration
 	Log          *slog.Logger // discards if nil

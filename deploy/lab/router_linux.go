@@ -192,6 +192,26 @@ func (l *Lab) VtyshOn(ctx context.Context, r *Host, command string) ([]byte, err
 	return out.Bytes(), nil
 }
 
+// SetNextHop takes node addr out of the router's next hops (down) or puts
+// it back, by shutting its BGP session down or bringing it up: the
+// router's ECMP then hashes the flows over the other next hops (a rehash,
+// as a router's link or line card going away does).
+func (l *Lab) SetNextHop(ctx context.Context, addr netip.Addr, down bool) error {
+	if l.Router == nil {
+		return errors.New("lab: no router (not a routed lab?)")
+	}
+	cmd := "neighbor " + addr.String() + " shutdown"
+	if !down {
+		cmd = "no " + cmd
+	}
+	c := exec.CommandContext(ctx, "vtysh", "-N", l.pathspace(l.Router), "-c", "configure terminal",
+		"-c", fmt.Sprintf("router bgp %d", RouterASN), "-c", cmd)
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("lab: next hop %s down=%v: %w: %s", addr, down, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
 // NextHops returns the next hops of the router's route to vip in the
 // kernel (FRR's view of what zebra installed), sorted; none when it has
 // no route.

@@ -69,8 +69,10 @@ type State struct {
 	// MACMode is the cluster's MAC mode the lab was built for; in igmp
 	// mode the switch snoops IGMP and Bystander (no agent, no address)
 	// sits on it to count what reaches a port that joined nothing.
-	MACMode   string `json:"mac_mode,omitempty"`
-	Bystander *Host  `json:"bystander,omitempty"`
+	MACMode string `json:"mac_mode,omitempty"`
+	// NoForward: routed mode without forwarding (Options.NoForward).
+	NoForward bool  `json:"no_forward,omitempty"`
+	Bystander *Host `json:"bystander,omitempty"`
 	// Router, in routed mode, is the namespace between the client's
 	// subnet and the nodes' LAN, running FRR: its Addr is on the LAN,
 	// Uplink on the client's subnet (198.19.<subnet>.0/24), where the
@@ -324,6 +326,7 @@ type BGP struct {
 	ASN       uint32        `yaml:"asn"`
 	NextHop6  string        `yaml:"next_hop6,omitempty"`
 	Neighbors []BGPNeighbor `yaml:"neighbors"`
+	NoForward bool          `yaml:"no_forward,omitempty"`
 }
 
 // BGPNeighbor is one router of a node.
@@ -394,7 +397,7 @@ func (s *State) AgentConfig(i int, period time.Duration) AgentConfig {
 		c.HeartbeatPeriod = period.String()
 	}
 	if s.Router != nil {
-		c.BGP = &BGP{ASN: NodeASN + uint32(i)}
+		c.BGP = &BGP{ASN: NodeASN + uint32(i), NoForward: s.NoForward}
 		if n.Addr6.IsValid() {
 			c.BGP.NextHop6 = n.Addr6.String()
 		}

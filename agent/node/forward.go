@@ -1,0 +1,150 @@
+package node
+
+import (
+	"net"
+	"net/netip"
+	"sort"
+
+	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
+	"github.com/shoalnet/shoal/rules"
+)
+
+// Forwarding is what routed mode's forwarding needs of the host; a node
+// without it keeps whatever the routers send it (plain ECMP).
+type Forwarding struct {
+	// MTU is the cluster interface's.
+	MTU func() int
+	// NextHops returns, for each address, the MAC a packet to it leaves
+	// with: its own, or its gateway's when it is on another subnet;
+	// missing when not known.
+	NextHops func(addrs []netip.Addr) map[netip.Addr]net.HardwareAddr
+}
+
+// forwarder completes routed tables with where the packets a node does not
+// take go (filter.Tables.Forward). Owned by the reconciler's goroutine.
+type forwarder struct {
+	host   *Forwarding
+	assign filter.Assigner
+	// The owners of the view the tables were last completed for, and of
+	// the view before it: a bucket this node acquires is still its
+	// previous owner's until that owner lets it go.
+	view       heartbeat.View
+	owners     *filter.Owners
+	cfg        *filter.Config
+	prevOwners *filter.Owners
+	prevCfg    *filter.Config
+}
+
+// complete fills t's forwarding for snapshot s: every bucket's packets
+// that this node does not take go to the bucket's owner in the view, or,
+// when that is this node, to a peer that advertises holding connections
+// in it (draining) or else to its owner in the previous view: the node
+// that may hold a connection this one does not (the second chance).
+// Nothing when this node has no IPv4 heartbeat address or its plug is
+// pulled.
+func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
+	me := nodeAddr(s.rs, self)
+	if !me.IsValid() || s.plugged {
+		return
+	}
+	owners := f.assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+	if !s.hb.View.Equal(f.view) || f.cfg != s.fcfg {
+		f.prevOwners, f.prevCfg = f.owners, f.cfg
+		f.owners, f.cfg, f.view = owners, s.fcfg, s.hb.View
+	}
+	var samePrev func(filter.RuleID) bool
+	if f.prevOwners != nil {
+		samePrev = sameFlows(f.prevCfg, s.fcfg)
+	}
+	t.Self, t.MTU = me, f.host.MTU()
+
+	// Every other member gets an index, in ID order.
+	ids := make([]filter.NodeID, 0, len(s.rs.Nodes))
+	for _, n := range s.rs.Nodes {
+		if n.ID != self && nodeAddr(s.rs, n.ID).IsValid() {
+			ids = append(ids, n.ID)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	if len(ids) > filter.MaxForward-1 {
+		ids = ids[:filter.MaxForward-1]
+	}
+	addrs := make([]netip.Addr, len(ids))
+	index := make(map[filter.NodeID]uint8, len(ids))
+	for i, id := range ids {
+		addrs[i] = nodeAddr(s.rs, id)
+		index[id] = uint8(i + 1)
+		t.Peers[i+1] = addrs[i]
+	}
+	macs := f.host.NextHops(addrs)
+	for i, a := range addrs {
+		copy(t.PeerMACs[i+1][:], macs[a])
+	}
+
+	drainers := map[filter.RuleID]map[uint16]filter.NodeID{}
+	for _, p := range s.hb.Peers {
+		if !p.Live {
+			continue
+		}
+		for id, bs := range p.Draining {
+			m := drainers[filter.RuleID(id)]
+			if m == nil {
+				m = map[uint16]filter.NodeID{}
+				drainers[filter.RuleID(id)] = m
+			}
+			for _, b := range bs {
+				if _, ok := m[b]; !ok {
+					m[b] = filter.NodeID(p.ID)
+				}
+			}
+		}
+	}
+	t.Forward = make(map[filter.RuleID]*[filter.NumBuckets]uint8, len(owners.Rules))
+	for id, own := range owners.Rules {
+		fw := new([filter.NumBuckets]uint8)
+		var prev *[filter.NumBuckets]filter.NodeID
+		if samePrev != nil && samePrev(id) {
+			prev = f.prevOwners.Rules[id]
+		}
+		for b, o := range own {
+			to := o
+			if o == self || o == filter.NoNode {
+				to = filter.NoNode
+				if d, ok := drainers[id][uint16(b)]; ok {
+					to = d
+				} else if prev != nil && prev[b] != self {
+					to = prev[b]
+				}
+			}
+			fw[b] = index[to]
+		}
+		t.Forward[id] = fw
+	}
+}
+
+// nodeAddr returns node id's heartbeat address if it is IPv4, the address
+// packets are forwarded to it at; the zero Addr otherwise.
+func nodeAddr(rs *rules.State, id filter.NodeID) netip.Addr {
+	n := rs.Node(id)
+	if n == nil {
+		return netip.Addr{}
+	}
+	ap, err := netip.ParseAddrPort(n.HeartbeatAddr)
+	if err != nil || !ap.Addr().Unmap().Is4() || ap.Addr().IsUnspecified() {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// MemberAddrs returns the members' addresses that forwarded packets are
+// taken from: their IPv4 heartbeat addresses.
+func MemberAddrs(rs *rules.State) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range rs.Nodes {
+		if a := nodeAddr(rs, n.ID); a.IsValid() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
