@@ -139,7 +139,8 @@ func adoptTables(dir string, st Pinned) (*XDP, error) {
 		}
 		repl[name] = m
 	}
-	x := &XDP{slots: st.Slots, vipDir: st.VIPDir, vip6Dir: st.VIP6Dir, hbPeers: map[shoalHbPeer]bool{}, prevOf: noVersion}
+	x := &XDP{slots: st.Slots, vipDir: st.VIPDir, vip6Dir: st.VIP6Dir, hbPeers: map[shoalHbPeer]bool{}, members: map[uint32]bool{},
+		prevOf: noVersion}
 	x.putVIPs = func(k uint32, vb *shoalVipBucket) error { return x.objs.Vips.Update(k, vb, ebpf.UpdateAny) }
 	err := loadShoalObjects(&x.objs, &ebpf.CollectionOptions{MapReplacements: repl})
 	closeAll() // the objects hold their own references
@@ -180,6 +181,12 @@ func adoptTables(dir string, st Pinned) (*XDP, error) {
 	var v uint8
 	for it := x.objs.HbPeers.Iterate(); it.Next(&k, &v); {
 		x.hbPeers[k] = true
+	}
+	// The members forwarded packets are taken from, with their counters.
+	var m uint32
+	var per []shoalPeerCounters
+	for it := x.objs.FwdStats.Iterate(); it.Next(&m, &per); {
+		x.members[m] = true
 	}
 	return x, nil
 }

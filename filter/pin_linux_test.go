@@ -50,6 +50,10 @@ func TestPinAdopt(t *testing.T) {
 	if err := x.RenewLease(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
+	member := netip.MustParseAddr("198.18.5.9")
+	if err := x.SetMembers([]netip.Addr{member}); err != nil {
+		t.Fatal(err)
+	}
 	dir := filepath.Join("/sys/fs/bpf", uniqueName("shoaltest"), "node")
 	t.Cleanup(func() { removePins(dir); os.Remove(filepath.Dir(dir)) })
 	if err := x.Pin(dir); err != nil {
@@ -77,6 +81,16 @@ func TestPinAdopt(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("pin directory still there after adoption: %v", err)
+	}
+	// The forwarding members come along, and can be changed.
+	if fc, err := y.ForwardCounters(); err != nil || len(fc.Peers) != 1 {
+		t.Errorf("adopted forwarding members %+v, %v; want %s", fc.Peers, err, member)
+	}
+	if err := y.SetMembers(nil); err != nil {
+		t.Errorf("SetMembers after adoption: %v", err)
+	}
+	if fc, err := y.ForwardCounters(); err != nil || len(fc.Peers) != 0 {
+		t.Errorf("forwarding members after removal %+v, %v; want none", fc.Peers, err)
 	}
 	for _, tc := range []struct {
 		name string

@@ -20,14 +20,17 @@ import (
 var drillCommand = &cli.Command{
 	Name:      "drill",
 	Usage:     "pull a node's plug (or kill, drain, join, reweight it) under load and report what clients saw",
-	ArgsUsage: "plug|kill|drainstop|join|weight|rule|sigterm|restart",
+	ArgsUsage: "plug|kill|drainstop|join|weight|rule|sigterm|restart|rehash",
 	Description: "Sends HTTP GET requests to the VIP (new connections, or --keepalive) and, after\n" +
 		"--lead, acts on one node: plug (a pulled cable), kill (SIGKILL the agent, lab\n" +
 		"only), drainstop, join (the node is stopped first, then started) or weight\n" +
 		"(set its weight on the port rule to --weight); in a lab also rule (the port\n" +
 		"rule's range grows to 80-81, a change of its mapping), sigterm (a graceful\n" +
 		"stop of the node's agent, as systemctl stop) and restart (a hitless restart of\n" +
-		"the node's agent, as systemctl restart). It prints a live progress line,\n" +
+		"the node's agent, as systemctl restart); in a routed lab (--mode routed) also\n" +
+		"rehash (the node's next hop taken out of the router's route and put back).\n" +
+		"--held N holds N keep-alive connections across the event and counts those that\n" +
+		"break. It prints a live progress line,\n" +
 		"then a timeline per 100 ms (successes, failures, p50/p99, responses per node and\n" +
 		"each node's share of accepted packets from the agents' counters), the time the\n" +
 		"cluster took to settle (the failover time) and every failed request.\n\n" +
@@ -42,7 +45,9 @@ var drillCommand = &cli.Command{
 		&cli.DurationFlag{Name: "period", Usage: "lab: heartbeat period of the agents (default: the agent's)"},
 		&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin), Usage: "lab: the HTTP server on every node: builtin, dualstack, nginx or apache"},
 		&cli.StringFlag{Name: "family", Value: string(lab.Family4), Usage: "lab: the VIP's address family: 4 or 6 (dual: the drill's traffic goes to the IPv4 VIP)"},
-		&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "lab: the cluster's mode: multicast, igmp or routed (FRR in front of the nodes, ECMP; docs/ROUTED.md)"},
+		&cli.StringFlag{Name: "mac-mode", Aliases: []string{"mode"}, Value: "multicast", Usage: "lab: the cluster's mode: multicast, igmp or routed (FRR in front of the nodes, ECMP; docs/ROUTED.md)"},
+		&cli.BoolFlag{Name: "no-forward", Usage: "lab, routed: no forwarding to the owner (plain ECMP, to compare)"},
+		&cli.IntFlag{Name: "held", Usage: "lab: also hold this many keep-alive connections across the event (a request on each every 100 ms) and count those that break"},
 		&cli.StringFlag{Name: "binary", Hidden: true, Usage: "lab: the shoal binary the namespaces run (default: this one)"},
 		labKeepLogsFlag,
 		labBaseFlag,
@@ -66,7 +71,7 @@ var drillCommand = &cli.Command{
 		&cli.StringFlag{Name: "out-svg", Usage: "write the plot as SVG to this file"},
 	},
 	Action: func(c *cli.Context) error {
-		arg, err := oneArg(c, "plug|kill|drainstop|join|weight|rule|sigterm|restart")
+		arg, err := oneArg(c, "plug|kill|drainstop|join|weight|rule|sigterm|restart|rehash")
 		if err != nil {
 			return err
 		}
@@ -79,6 +84,7 @@ var drillCommand = &cli.Command{
 		tr := drill.Traffic{
 			Duration: c.Duration("duration"), Lead: c.Duration("lead"), Concurrency: c.Int("concurrency"),
 			Rate: c.Float64("rate"), KeepAlive: c.Bool("keepalive"), Timeout: c.Duration("timeout"),
+			Held: c.Int("held"),
 		}
 		rep, err := runDrill(ctx, c, sc, tr)
 		if rep != nil {

@@ -209,6 +209,7 @@ var labLoadCommand = &cli.Command{
 		&cli.Float64Flag{Name: "rate", Usage: "requests per second over all workers (0: as fast as possible)"},
 		&cli.BoolFlag{Name: "keepalive", Usage: "reuse connections (default: a new connection per request)"},
 		&cli.DurationFlag{Name: "timeout", Value: 2 * time.Second, Usage: "per request"},
+		&cli.IntFlag{Name: "held", Usage: "also hold this many keep-alive connections open, a request on each every 100 ms, and count those that break"},
 		jsonFlag,
 	},
 	Action: func(c *cli.Context) error {
@@ -223,6 +224,7 @@ var labLoadCommand = &cli.Command{
 			Rate:        c.Float64("rate"),
 			KeepAlive:   c.Bool("keepalive"),
 			Timeout:     c.Duration("timeout"),
+			Held:        c.Int("held"),
 			Progress:    func(p load.Progress) { fmt.Fprintln(c.App.ErrWriter, p) },
 		})
 		if errors.Is(err, load.ErrNoBound) {

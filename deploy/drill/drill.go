@@ -24,6 +24,10 @@ type Traffic struct {
 	Rate        float64       // requests/s over all workers; 0 = as fast as possible
 	KeepAlive   bool          // reuse connections; otherwise one per request
 	Timeout     time.Duration // per request; 2 s if zero
+	// Held opens this many long-lived keep-alive connections before the
+	// event, a request on each every 100 ms, beside the requests; the
+	// report counts those that break (lab only).
+	Held int
 }
 
 func (t *Traffic) defaults() error {
@@ -46,7 +50,7 @@ func (t *Traffic) defaults() error {
 }
 
 // ErrLabOnly is returned for a scenario a real cluster cannot run.
-var ErrLabOnly = errors.New("drill: kill, sigterm, restart and rule need --lab (on a real cluster, signal or restart the agent yourself, or change the rule with shoal rules set)")
+var ErrLabOnly = errors.New("drill: kill, sigterm, restart, rule and rehash need --lab (on a real cluster, signal or restart the agent yourself, change the rule with shoal rules set, or take a next hop out at your router)")
 
 // DefaultSettleTimeout bounds the wait for the cluster to settle after the
 // event.
@@ -230,6 +234,7 @@ func finish(res load.Result, loadErr error, samples []Sample, q query, tr Traffi
 	}
 	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
 	rep.KeepAlive, rep.Concurrency, rep.Rate = tr.KeepAlive, tr.Concurrency, tr.Rate
+	rep.Held = res.Held
 	if !event.IsZero() {
 		rep.EventAtMS = ms(event.Sub(res.Start))
 	}
@@ -257,6 +262,8 @@ func settledWhat(s Scenario, how string, all bool) string {
 		return "rule changed: " + how + " at the new rules index, every bucket owned"
 	case Restart:
 		return "restarted: " + how + " with the node back, every bucket owned"
+	case Rehash:
+		return "rehashed: the router's route lost the node's next hop and had it again"
 	}
 	return "rebalanced: " + how + " with the new weight"
 }

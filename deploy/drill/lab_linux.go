@@ -127,7 +127,7 @@ func (d *labDrill) run(ctx context.Context) (*Report, error) {
 	go func() {
 		r, err := l.Load(ctx, lab.LoadArgs{
 			Duration: o.Traffic.Duration, Concurrency: o.Traffic.Concurrency, Rate: o.Traffic.Rate,
-			KeepAlive: o.Traffic.KeepAlive, Timeout: o.Traffic.Timeout,
+			KeepAlive: o.Traffic.KeepAlive, Timeout: o.Traffic.Timeout, Held: o.Traffic.Held,
 			OnStart: func() { once.Do(func() { close(launched) }) },
 		}, o.Progress)
 		done <- loadOut{r, err}
@@ -230,6 +230,26 @@ func (d *labDrill) act(ctx context.Context, victimID uint32) (func() error, erro
 			return nil, err
 		}
 		return func() error { return d.all(ctx, 0, victimID) }, nil
+	case Rehash:
+		if l.Router == nil {
+			return nil, errors.New("drill: rehash needs a routed lab (--mac-mode routed)")
+		}
+		if err := l.SetNextHop(ctx, d.victim.Addr, true); err != nil {
+			return nil, err
+		}
+		back := false
+		return func() error {
+			if !back {
+				if err := d.nextHops(ctx, func(a netip.Addr) bool { return a != d.victim.Addr }); err != nil {
+					return err
+				}
+				if err := l.SetNextHop(ctx, d.victim.Addr, false); err != nil {
+					return err
+				}
+				back = true
+			}
+			return d.nextHops(ctx, func(netip.Addr) bool { return true })
+		}, nil
 	case Weight:
 		rule := netip.AddrPortFrom(l.VIP, lab.HTTPPort).String()
 		if _, err := d.ctl.Run(ctx, d.other.Socket, "weight", "set", rule, name, d.o.Weight); err != nil {
@@ -263,8 +283,14 @@ func (d *labDrill) signal(sig syscall.Signal) (lab.Proc, error) {
 func (d *labDrill) without(ctx context.Context, victimID uint32) error {
 	if d.l.Router != nil {
 		// Routed mode: settled once the router's route no longer has the
-		// victim (every node keeps what the router sends it).
-		return d.nextHops(ctx, func(a netip.Addr) bool { return a != d.victim.Addr })
+		// victim (without forwarding every node keeps what the router
+		// sends it); with forwarding, once the others also own every
+		// bucket, and a draining victim keeps its route until drained.
+		if d.l.NoForward || d.o.Scenario != Drainstop {
+			if err := d.nextHops(ctx, func(a netip.Addr) bool { return a != d.victim.Addr }); err != nil || d.l.NoForward {
+				return err
+			}
+		}
 	}
 	var rest []lab.Host
 	for _, n := range d.l.Nodes {
@@ -291,7 +317,9 @@ func (d *labDrill) all(ctx context.Context, minIndex uint64, mustAccept uint32) 
 		return err
 	}
 	if d.l.Router != nil {
-		return d.nextHops(ctx, func(netip.Addr) bool { return true })
+		if err := d.nextHops(ctx, func(netip.Addr) bool { return true }); err != nil || d.l.NoForward {
+			return err
+		}
 	}
 	if err := lab.Ready(st, len(d.l.Nodes)); err != nil {
 		return err

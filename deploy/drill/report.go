@@ -49,11 +49,14 @@ type Report struct {
 	// Delayed counts the requests that succeeded only after a SYN
 	// retransmission (connect time >= 1 s): the SYN landed where nobody
 	// took it. A planned change should delay none.
-	Delayed      int            `json:"syn_delayed"`
-	DelayedList  []load.Failure `json:"syn_delayed_list,omitempty"`
-	Connects     int            `json:"connects"`
-	ConnectP99MS float64        `json:"connect_p99_ms"`
-	Timeline     []Slot         `json:"timeline"`
+	Delayed     int            `json:"syn_delayed"`
+	DelayedList []load.Failure `json:"syn_delayed_list,omitempty"`
+	// Held: the long-lived connections held across the event (Traffic.Held)
+	// and how many broke; nil without them.
+	Held         *load.HeldResult `json:"held,omitempty"`
+	Connects     int              `json:"connects"`
+	ConnectP99MS float64          `json:"connect_p99_ms"`
+	Timeline     []Slot           `json:"timeline"`
 }
 
 // NewReport fills a report's traffic fields from a load result and the
@@ -173,6 +176,12 @@ func (r *Report) WriteText(w io.Writer) error {
 		r.Requests, r.Successes, r.Failures, r.RatePerSec, r.P50MS, r.P99MS)
 	fmt.Fprintf(&b, "delayed by a SYN retransmission (connect >= %v): %d of %d requests; %d connects, p99 %.2f ms\n",
 		load.SYNRetransmit, r.Delayed, r.Requests, r.Connects, r.ConnectP99MS)
+	if h := r.Held; h != nil {
+		fmt.Fprintf(&b, "held keep-alive connections: %d (%d requests), broken %d\n", h.Connections, h.Requests, h.Broken)
+		for _, e := range h.BrokenList {
+			fmt.Fprintf(&b, "  %s\n", e)
+		}
+	}
 	if first, last, ok := r.FailureWindow(); ok {
 		fmt.Fprintf(&b, "failures started between %+.2f s and %+.2f s of the event:", first/1000, last/1000)
 		for _, c := range slices.Sorted(maps.Keys(r.Errors)) {

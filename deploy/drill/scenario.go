@@ -34,10 +34,15 @@ const (
 	// shoal` does (lab only): `shoal restart`, SIGTERM, the agent started
 	// again, which adopts the data plane the old one left.
 	Restart Scenario = "restart"
+	// Rehash takes the node's next hop out of the lab router's route to
+	// the VIP and puts it back once the route has changed (routed lab
+	// only): the router's ECMP hashes flows over the other next hops and
+	// back again, as when one of its links goes away and returns.
+	Rehash Scenario = "rehash"
 )
 
 // Scenarios lists every scenario, in the order the CLI shows them.
-var Scenarios = []Scenario{Plug, Kill, Drainstop, Join, Weight, Rule, SIGTERM, Restart}
+var Scenarios = []Scenario{Plug, Kill, Drainstop, Join, Weight, Rule, SIGTERM, Restart, Rehash}
 
 // ParseScenario returns the scenario called s.
 func ParseScenario(s string) (Scenario, error) {
@@ -72,6 +77,8 @@ func (s Scenario) verb() string {
 		return "agent stopped (SIGTERM) on"
 	case Restart:
 		return "agent restarted on"
+	case Rehash:
+		return "router's next hop removed and re-added for"
 	}
 	return string(s) + " of"
 }
@@ -82,4 +89,6 @@ func (s Scenario) LosesNode() bool { return s == Plug || s == Kill || s == Drain
 
 // LabOnly reports whether only a lab can run the scenario: a drill does
 // not signal agents or rewrite rules on a real cluster.
-func (s Scenario) LabOnly() bool { return s == Kill || s == SIGTERM || s == Rule || s == Restart }
+func (s Scenario) LabOnly() bool {
+	return s == Kill || s == SIGTERM || s == Rule || s == Restart || s == Rehash
+}

@@ -86,6 +86,7 @@ type LoadArgs struct {
 	Rate        float64 // requests/s; 0 = as fast as possible
 	KeepAlive   bool
 	Timeout     time.Duration // per request; the generator's default if zero
+	Held        int           // long-lived connections held beside the requests (load.Options.Held)
 	// OnStart, if set, is called once the generator has started in the
 	// client namespace (starting a process there takes a while).
 	OnStart func()

@@ -273,6 +273,9 @@ func (l *Lab) Load(ctx context.Context, a LoadArgs, progress io.Writer) (load.Re
 	if a.Timeout > 0 {
 		args = append(args, "--timeout", a.Timeout.String())
 	}
+	if a.Held > 0 {
+		args = append(args, "--held", fmt.Sprint(a.Held))
+	}
 	cmd := exec.CommandContext(ctx, "ip", args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout = &out

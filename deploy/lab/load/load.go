@@ -29,6 +29,10 @@ type Options struct {
 	KeepAlive   bool          // reuse connections; otherwise one new connection per request
 	Timeout     time.Duration // per request, connect included; 2 s if zero
 	Bucket      time.Duration // timeline resolution; 100 ms if zero
+	// Held opens this many long-lived keep-alive connections before the
+	// requests begin and sends a request on each every HeldEvery while the
+	// run lasts, beside the other requests (Result.Held).
+	Held int
 
 	// Progress, if set, is called every ProgressEvery (1 s if zero) while
 	// the run lasts.
@@ -81,6 +85,15 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
+	var held []*heldConn
+	if o.Held > 0 {
+		if held, err = openHeld(ctx, req.URL, o.Held, o.Timeout); err != nil {
+			return Result{}, err
+		}
+	}
+	stopHeld := make(chan struct{})
+	heldDone := make(chan HeldResult, 1)
+	go func() { heldDone <- hold(held, req.URL, o.Timeout, stopHeld) }()
 
 	start := time.Now()
 	var deadline time.Time
@@ -189,6 +202,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	wg.Wait()
 	close(stopProgress)
 	<-progressDone
+	close(stopHeld)
+	heldRes := <-heldDone
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("load: aborted: %w", err)
 	}
@@ -200,7 +215,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	for _, p := range perWork {
 		all = append(all, p...)
 	}
-	return Summarize(all, start, elapsed, o.Bucket), nil
+	res := Summarize(all, start, elapsed, o.Bucket)
+	if o.Held > 0 {
+		res.Held = &heldRes
+	}
+	return res, nil
 }
 
 // do performs one request and classifies its outcome.

@@ -74,6 +74,9 @@ type Result struct {
 	FailureList []Failure          `json:"failure_list,omitempty"`
 	// FailuresDropped counts failures left out of FailureList to keep it short.
 	FailuresDropped int `json:"failures_dropped,omitempty"`
+	// Held: the long-lived connections held beside the requests
+	// (Options.Held); nil without them.
+	Held *HeldResult `json:"held,omitempty"`
 }
 
 // Slot is one timeline bucket: the requests that started in it.
