@@ -2,12 +2,15 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/deploy/lab"
 )
 
@@ -143,5 +146,46 @@ func testRoutedChanges(t *testing.T, noForward bool) {
 	h.check(t)
 	if res.Failures != 0 {
 		t.Errorf("%d of %d new-connection requests failed: %v %v", res.Failures, res.Requests, res.Errors, res.FailureList)
+	}
+
+	// What the nodes say they forwarded: the changes moved flows, so some
+	// went to their owners and some to a previous owner.
+	var out, second, in uint64
+	for _, n := range l.Nodes {
+		b, err := l.CLI(t.Context(), n.Name, "query", "--json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var q control.Query
+		if err := json.Unmarshal(b, &q); err != nil || q.Forwarding == nil || !q.Forwarding.On {
+			t.Fatalf("%s: query's forwarding %+v, %v; want it on", n.Name, q.Forwarding, err)
+		}
+		for _, p := range q.Forwarding.Peers {
+			out, second, in = out+p.Forwarded, second+p.SecondChance, in+p.Received
+		}
+		if f := q.Forwarding; f.Foreign+f.NoRoute+f.TooBig != 0 {
+			t.Errorf("%s dropped forwarded packets: %+v", n.Name, f)
+		}
+	}
+	t.Logf("forwarded %d to owners, %d as second chances; received %d", out, second, in)
+	if out == 0 || second == 0 || in < out {
+		t.Errorf("forwarded %d to owners, %d as second chances, received %d: want some of each, all received", out, second, in)
+	}
+
+	// query --flow on a held connection: every node that does not own its
+	// bucket forwards it to the owner.
+	c := conns[0]
+	b, err := l.CLI(t.Context(), "node1", "query", "--json", "--flow", c.c.LocalAddr().String(), netip.AddrPortFrom(l.VIP, lab.HTTPPort).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f control.Flow
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range f.Nodes {
+		if n.Name != f.Owner && (n.ForwardsTo != f.Owner || n.Forwarding == "") {
+			t.Errorf("flow %s: %s forwards to %q (%s), want the owner %s", c.c.LocalAddr(), n.Name, n.ForwardsTo, n.Forwarding, f.Owner)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/shoalnet/shoal/agent/track"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/peer"
+	"github.com/shoalnet/shoal/rules"
 )
 
 // flow explains a flow from this node's rules and view; with peers, every
@@ -56,6 +57,9 @@ func (a *Agent) flowHere(client, to netip.AddrPort, proto filter.Protocol) contr
 		fn.Error = "not a flow to a VIP of this node's rules"
 		return fn
 	}
+	if tables != nil && tables.Forwarding() {
+		fn.ForwardsTo, fn.Forwarding = forwardsTo(tables, ms.Rules(), id, bucket)
+	}
 	if proto != filter.ProtoTCP {
 		return fn
 	}
@@ -85,4 +89,36 @@ func (a *Agent) flowPeerHandler() http.Handler {
 		}
 		control.WriteJSON(w, http.StatusOK, a.flowHere(client, to, proto))
 	})
+}
+
+// forwardsTo says where routed mode's data plane sends a packet of bucket
+// b of rule id that reaches this node (whichever node the router picked)
+// and that it does not take, and why.
+func forwardsTo(t *filter.Tables, rs *rules.State, id filter.RuleID, b uint16) (node, why string) {
+	to := t.ForwardTarget(id, b)
+	for _, n := range rs.Nodes {
+		if ap, err := netip.ParseAddrPort(n.HeartbeatAddr); err == nil && ap.Addr().Unmap() == to {
+			node = n.Name
+		}
+	}
+	var st filter.BucketState
+	if s := t.States[id]; s != nil {
+		st = s[b]
+	}
+	pending := t.HandTo[id] != nil && t.HandTo[id][b] == filter.HandPending
+	switch {
+	case st == filter.Owned:
+		return "", "takes every packet: it owns the bucket"
+	case to == (netip.Addr{}):
+		return "", "drops what it does not take: no node to forward to"
+	case st == filter.OwnedDirty:
+		why = "takes SYNs and the connections it holds; forwards the rest to " + node + ", which holds connections in the bucket (second chance)"
+	case pending:
+		why = "acquiring the bucket: forwards what it does not hold to " + node + ", its owner until it lets go, which hands new SYNs back"
+	case st == filter.Draining:
+		why = "takes the connections it holds; forwards the rest to " + node + ", the bucket's owner"
+	default:
+		why = "forwards every packet to " + node + ", the bucket's owner"
+	}
+	return node, why
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/agent/node"
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/rules"
 )
 
 // The Agent implements the control API on top of its commander.
@@ -78,6 +79,7 @@ func (a *Agent) Query() control.Query {
 	q := control.Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: control.SettingsOf(rs.Settings)}
 	q.Leader, _ = a.store.Leader()
 	q.BGP = a.bgpInfo()
+	q.Forwarding = a.forwardInfo()
 	for _, v := range rs.VIPs {
 		q.VIPs = append(q.VIPs, v.String())
 	}
@@ -116,7 +118,34 @@ func (a *Agent) Params() control.Params {
 	p.Config = *a.cfg
 	c := a.host.Counters()
 	p.ARP, p.NDP, p.BGP = c["arp"], c["ndp"], c["bgp"]
+	p.Forwarding = a.forwardInfo()
 	return p
+}
+
+// forwardInfo is routed mode's forwarding as the data plane counted it;
+// nil in the other modes.
+func (a *Agent) forwardInfo() *control.ForwardInfo {
+	rs := a.node.Snap().Rules()
+	if rs.Settings.MACMode != rules.MACRouted {
+		return nil
+	}
+	fc, err := a.xdp.ForwardCounters()
+	if err != nil {
+		return nil
+	}
+	t := a.node.Tables()
+	fi := &control.ForwardInfo{On: t != nil && t.Forwarding(), Foreign: fc.Foreign, NoRoute: fc.NoRoute, HopLimit: fc.HopLimit, TooBig: fc.TooBig}
+	for _, n := range rs.Nodes {
+		ap, err := netip.ParseAddrPort(n.HeartbeatAddr)
+		if err != nil || n.ID == a.self {
+			continue
+		}
+		if pc, ok := fc.Peers[ap.Addr().Unmap()]; ok {
+			fi.Peers = append(fi.Peers, control.ForwardPeer{Node: n.Name, Addr: ap.Addr().Unmap(),
+				Forwarded: pc.Forwarded, SecondChance: pc.SecondChance, Received: pc.Received})
+		}
+	}
+	return fi
 }
 
 // simulate says which node takes a flow now, and which would if any one

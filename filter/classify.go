@@ -312,7 +312,10 @@ func (c *Classifier) decap(frame, ip []byte) (Result, bool) {
 	}
 	binary.BigEndian.PutUint16(inner[12:14], uint16(et))
 	copy(inner[14:], ip[EncapOverhead:])
-	c.pkt = packet{from: from, hops: uint8(id), out: inner}
+	// The packet keeps its outer header unless it is taken (then it
+	// leaves as the inner frame) or forwarded on (its outer header
+	// rewritten).
+	c.pkt = packet{from: from, hops: uint8(id)}
 	malformed := Result{Verdict: Drop, Reason: DropMalformed, Rule: DefaultRule}
 	var r Result
 	switch {
@@ -323,11 +326,13 @@ func (c *Classifier) decap(frame, ip []byte) (Result, bool) {
 	default:
 		r = c.classify4(inner, inner[14:])
 	}
-	if r.Verdict == Pass || r.Reason == DropNotPeer {
+	switch {
+	case r.Verdict == Pass || r.Reason == DropNotPeer:
 		return Result{Verdict: Drop, Reason: DropForeign}, true // no VIP traffic: nothing a member forwards
-	}
-	if c.pkt.out == nil {
+	case r.Verdict == Accept:
 		c.pkt.out = inner
+	case r.Verdict == Drop:
+		c.pkt.out = nil
 	}
 	return r, true
 }

@@ -245,6 +245,15 @@ func (t *Tables) forwardTo(id RuleID, b uint16) int {
 	return int(f[b])
 }
 
+// ForwardTarget returns the node a packet of bucket b of rule id goes to
+// when these tables do not take it (routed mode); the zero Addr for none.
+func (t *Tables) ForwardTarget(id RuleID, b uint16) netip.Addr {
+	if !t.Forwarding() {
+		return netip.Addr{}
+	}
+	return t.Peers[t.forwardTo(id, b)]
+}
+
 // peerIndex returns the first index in Peers of address a, 0 for none.
 func (t *Tables) peerIndex(a netip.Addr) int {
 	for i := 1; i < MaxForward; i++ {

@@ -46,7 +46,11 @@ type FlowNode struct {
 	HoldsFlow bool `json:"holds_flow"`
 	// BucketHeld: the node holds connections in the bucket (so it keeps
 	// serving their packets even where it does not own it).
-	BucketHeld bool   `json:"bucket_held"`
+	BucketHeld bool `json:"bucket_held"`
+	// Routed mode: where a packet of the flow that reaches this node and
+	// that it does not take goes (a node's name; "" none), and why.
+	ForwardsTo string `json:"forwards_to,omitempty"`
+	Forwarding string `json:"forwarding,omitempty"`
 	Error      string `json:"error,omitempty"` // the node did not answer
 }
 

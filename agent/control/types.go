@@ -73,6 +73,35 @@ type Query struct {
 	Settings   SettingInfo `json:"settings"`
 	// BGP is the asked node's speaker (routed mode); nil without one.
 	BGP *BGPInfo `json:"bgp,omitempty"`
+	// Forwarding is what the asked node forwarded to and received from
+	// each peer (routed mode); nil in the other modes.
+	Forwarding *ForwardInfo `json:"forwarding,omitempty"`
+}
+
+// ForwardInfo is a node's routed-mode forwarding: per peer, the packets it
+// forwarded there as the bucket's owner, those it forwarded there as a
+// previous owner that may hold the connection (the second chance), and
+// those it received from there; and what it dropped instead of forwarding.
+type ForwardInfo struct {
+	On    bool          `json:"on"` // false: plain ECMP (bgp.no_forward)
+	Peers []ForwardPeer `json:"peers"`
+	// Foreign: packets forwarded here by an address that is no member's
+	// (or carrying no VIP traffic). NoRoute: not forwarded for want of
+	// the next hop's MAC. HopLimit: not taken after the most hops. TooBig:
+	// over the MTU once encapsulated.
+	Foreign  uint64 `json:"foreign"`
+	NoRoute  uint64 `json:"no_route"`
+	HopLimit uint64 `json:"hop_limit"`
+	TooBig   uint64 `json:"too_big"`
+}
+
+// ForwardPeer is one peer's forwarding counters.
+type ForwardPeer struct {
+	Node         string     `json:"node"`
+	Addr         netip.Addr `json:"addr"`
+	Forwarded    uint64     `json:"forwarded"`
+	SecondChance uint64     `json:"second_chance"`
+	Received     uint64     `json:"received"`
 }
 
 // BGPInfo is a node's BGP speaker: its sessions, one per neighbour, and
@@ -137,7 +166,9 @@ type Params struct {
 	Heartbeat map[string]uint64                `json:"heartbeat"`
 	ARP       map[string]uint64                `json:"arp"`
 	BGP       map[string]uint64                `json:"bgp,omitempty"` // the BGP speaker's counters (routed mode)
-	NDP       map[string]uint64                `json:"ndp"`           // Neighbor Solicitations for the IPv6 VIPs, by outcome
+	// Forwarding: routed mode's forwarding counters (Query.Forwarding).
+	Forwarding *ForwardInfo      `json:"forwarding,omitempty"`
+	NDP        map[string]uint64 `json:"ndp"` // Neighbor Solicitations for the IPv6 VIPs, by outcome
 }
 
 // PacketCounters are one rule's data-plane counters.
@@ -150,6 +181,9 @@ type PacketCounters struct {
 	// Not in Accepted or Dropped: every node judges each frame the
 	// clients send once, in Accepted, Dropped or "out".
 	Handed map[string]uint64 `json:"handed,omitempty"`
+	// Forwarded: packets forwarded to another node (routed mode), in
+	// neither Accepted nor Dropped.
+	Forwarded uint64 `json:"forwarded,omitempty"`
 }
 
 // Requests of the control API.

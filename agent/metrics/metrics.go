@@ -27,6 +27,7 @@ type collector struct {
 	converged, healthy, buckets, conns, rulesIndex, up *prometheus.Desc
 	dpFailures, dpHealthy                              *prometheus.Desc
 	bgpSession, bgpBFD, bgpAnnounced, bgpEvents        *prometheus.Desc
+	forwarded, forwardDrops, ruleForward               *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -54,12 +55,16 @@ func newCollector(src Source) *collector {
 		bgpBFD:       d("bgp_bfd_up", "1 while the BFD session to the neighbour is up (routed mode, neighbours with BFD).", "neighbor"),
 		bgpAnnounced: d("bgp_announced_vips", "VIPs this node announces over BGP now (routed mode)."),
 		bgpEvents:    d("bgp_events_total", "BGP speaker events: session_failures, withdrawn (announcements withdrawn).", "event"),
+
+		forwarded:    d("forwarded_packets_total", "Routed mode: VIP packets forwarded to a peer (direction out: to the bucket's owner; second_chance: to a previous owner that may hold the connection) or received from it (in).", "peer", "direction"),
+		forwardDrops: d("forward_drops_total", "Routed mode: packets not forwarded or not taken: foreign (forwarded here by no member), no_route (no next hop's MAC), hop_limit, too_big (over the MTU once encapsulated).", "reason"),
+		ruleForward:  d("packets_forwarded_total", "Routed mode: VIP packets this node did not take and forwarded, by rule.", "rule"),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.handed, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy,
-		c.bgpSession, c.bgpBFD, c.bgpAnnounced, c.bgpEvents} {
+		c.bgpSession, c.bgpBFD, c.bgpAnnounced, c.bgpEvents, c.forwarded, c.forwardDrops, c.ruleForward} {
 		ch <- d
 	}
 }
@@ -79,6 +84,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for dir, n := range pc.Handed {
 			counter(c.handed, n, fmt.Sprint(id), dir)
+		}
+		if p.Forwarding != nil {
+			counter(c.ruleForward, pc.Forwarded, fmt.Sprint(id))
+		}
+	}
+	if f := p.Forwarding; f != nil {
+		for _, pr := range f.Peers {
+			counter(c.forwarded, pr.Forwarded, pr.Node, "out")
+			counter(c.forwarded, pr.SecondChance, pr.Node, "second_chance")
+			counter(c.forwarded, pr.Received, pr.Node, "in")
+		}
+		for reason, n := range map[string]uint64{"foreign": f.Foreign, "no_route": f.NoRoute, "hop_limit": f.HopLimit, "too_big": f.TooBig} {
+			counter(c.forwardDrops, n, reason)
 		}
 	}
 	for ev, n := range p.Heartbeat {

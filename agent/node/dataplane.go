@@ -66,7 +66,8 @@ type reconciler struct {
 	pushedGen   uint64
 	pushedMAC   string
 	pushedView  heartbeat.View
-	pushedSnap  *Snap  // the snapshot the kernel's tables came from
+	pushedSnap  *Snap // the snapshot the kernel's tables came from
+	pushedAt    time.Time
 	epoch       uint64 // counts tables that released buckets; held is of the latest
 	rescan      bool   // the tables of epoch need a scan once they are in
 	last        plan
@@ -163,7 +164,8 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	handEnds := len(r.released) > 0 && !r.handUntil.IsZero() && !now.Before(r.handUntil)
 	keepEnds := (len(r.kept) > 0 || r.remapKeep) && !now.Before(r.keepUntil)
 	prevEnds := r.prev != nil && !r.prevUntil.IsZero() && !now.Before(r.prevUntil)
-	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && !keepEnds && !prevEnds && string(mac) == r.pushedMAC {
+	resolve := r.fwd != nil && r.fwd.unresolved && !now.Before(r.pushedAt.Add(s.rs.Settings.HeartbeatPeriod))
+	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && !keepEnds && !prevEnds && !resolve && string(mac) == r.pushedMAC {
 		r.finishDrain(ctx, now, s)
 		return r.wakeIn(now)
 	}
@@ -271,6 +273,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	r.last, r.pushedGen, r.pushedView, r.tablesIndex, r.heldFresh = p, s.gen, s.hb.View, s.rs.Index, false
 	r.pushedSnap = s
 	r.pushedMAC = string(mac)
+	r.pushedAt = now
 	if poll := p.draining.Count() > 0; poll != r.polling || r.rescan {
 		r.polling, r.rescan = poll, false
 		r.trk.Request(s.fcfg, poll, r.epoch)
@@ -325,6 +328,9 @@ func (r *reconciler) wakeIn(now time.Time) time.Duration {
 	}
 	if r.prev != nil && !r.prevUntil.IsZero() {
 		d = min(d, r.prevUntil.Sub(now))
+	}
+	if r.fwd != nil && r.fwd.unresolved && r.pushedSnap != nil {
+		d = min(d, r.pushedAt.Add(r.pushedSnap.rs.Settings.HeartbeatPeriod).Sub(now))
 	}
 	return d
 }

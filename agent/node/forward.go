@@ -34,6 +34,10 @@ type forwarder struct {
 	cfg        *filter.Config
 	prevOwners *filter.Owners
 	prevCfg    *filter.Config
+	// unresolved: a peer's next hop had no known MAC when the tables were
+	// last completed (its packets are dropped): they are completed again
+	// every heartbeat period until it has one.
+	unresolved bool
 }
 
 // complete fills t's forwarding for snapshot s: every bucket's packets
@@ -78,8 +82,10 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
 		t.Peers[i+1] = addrs[i]
 	}
 	macs := f.host.NextHops(addrs)
+	f.unresolved = false
 	for i, a := range addrs {
 		copy(t.PeerMACs[i+1][:], macs[a])
+		f.unresolved = f.unresolved || len(macs[a]) != 6
 	}
 
 	drainers := map[filter.RuleID]map[uint16]filter.NodeID{}

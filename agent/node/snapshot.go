@@ -49,7 +49,7 @@ func (n *Node) Params() control.Params {
 		Heartbeat: heartbeatStats(n.link.Stats()), ARP: map[string]uint64{}}
 	if c, err := n.dp.Counters(); err == nil {
 		for id, rc := range c {
-			pc := control.PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}}
+			pc := control.PacketCounters{Accepted: rc.Accepted, Dropped: map[string]uint64{}, Forwarded: rc.Forwarded}
 			if h := map[string]uint64{"out": rc.HandedOver, "in": rc.HandedIn, "refused": rc.HandedRefused}; rc.HandedOver+rc.HandedIn+rc.HandedRefused > 0 {
 				pc.Handed = h
 			}

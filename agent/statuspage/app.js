@@ -106,6 +106,16 @@
         el("li", { class: "muted", text: announced.length ? "announcing " + announced.join(", ") : "announcing nothing (not eligible)" }));
     }
 
+    const fw = d.forwarding;
+    $("forwarding-section").hidden = !fw;
+    if (fw) {
+      $("forwarding").replaceChildren(...(fw.on ? (fw.peers || []).map((p) => el("li", { "data-peer": p.node },
+        el("span", { text: p.node + ": " + p.forwarded + " to it as owner, " + p.second_chance + " as second chance, " + p.received + " from it" })))
+        : [el("li", { text: "off: plain ECMP, every packet kept where the router sent it" })]),
+        el("li", { class: "muted", text: "not forwarded: " + fw.foreign + " from strangers, " + fw.no_route + " without a next hop, " +
+          fw.hop_limit + " past the hop limit, " + fw.too_big + " over the MTU" }));
+    }
+
     const views = d.view_changes || [];
     $("views").replaceChildren(...(views.length ? views.map((v) => el("li", {},
       el("time", { text: fmtTime(v.at) }),

@@ -41,6 +41,8 @@ type StatusPage struct {
 	Failovers      []Failover         `json:"failovers"`    // newest first
 	// BGP is this node's BGP sessions and announcements in routed mode.
 	BGP *control.BGPInfo `json:"bgp,omitempty"`
+	// Forwarding is this node's routed-mode forwarding, per peer.
+	Forwarding *control.ForwardInfo `json:"forwarding,omitempty"`
 }
 
 // PageNode is one registered node: its place in the cluster and, when it
@@ -183,7 +185,7 @@ func buildPage(ctx context.Context, src Source, peers PeerSampler, now time.Time
 	q, st, h := src.Query(), src.Status(), src.History()
 	page := StatusPage{Time: now, Self: q.Self, Converged: q.Converged, ConvergedSince: h.since,
 		RulesIndex: q.RulesIndex, Leader: q.Leader, VIPs: q.VIPs, Rules: q.Rules,
-		ViewChanges: h.views, Failovers: h.failovers, BGP: q.BGP}
+		ViewChanges: h.views, Failovers: h.failovers, BGP: q.BGP, Forwarding: q.Forwarding}
 	self := Sample(st, src.Params(), now)
 	page.Nodes = make([]PageNode, len(q.Nodes))
 	var wg sync.WaitGroup

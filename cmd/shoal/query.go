@@ -78,6 +78,27 @@ func printQuery(w io.Writer, q *control.Query) {
 		fmt.Fprintln(w)
 		printBGP(w, q.BGP)
 	}
+	if q.Forwarding != nil {
+		fmt.Fprintln(w)
+		printForwarding(w, q.Forwarding)
+	}
+}
+
+// printForwarding shows what the asked node forwarded to and received from
+// each peer (routed mode).
+func printForwarding(w io.Writer, f *control.ForwardInfo) {
+	if !f.On {
+		fmt.Fprintln(w, "forwarding: off (plain ECMP: this node keeps every packet the routers send it)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FORWARDED TO/FROM	ADDRESS	TO OWNER	SECOND CHANCE	RECEIVED")
+	for _, p := range f.Peers {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", p.Node, p.Addr, p.Forwarded, p.SecondChance, p.Received)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "not forwarded: %d from strangers, %d without a next hop, %d past the hop limit, %d over the MTU\n",
+		f.Foreign, f.NoRoute, f.HopLimit, f.TooBig)
 }
 
 // printBGP shows the asked node's BGP sessions and announcements.
@@ -165,6 +186,18 @@ func printFlow(w io.Writer, f *control.Flow) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.Name, n.State, yes(n.HoldsFlow), yes(n.BucketHeld))
 	}
 	tw.Flush()
+	routed := false
+	for _, n := range f.Nodes {
+		routed = routed || n.Forwarding != ""
+	}
+	if routed {
+		fmt.Fprintln(w, "\nrouted: if the router sends the flow to")
+		for _, n := range f.Nodes {
+			if n.Forwarding != "" {
+				fmt.Fprintf(w, "  %s: it %s\n", n.Name, n.Forwarding)
+			}
+		}
+	}
 	if len(f.IfDown) > 0 {
 		fmt.Fprintln(w, "\nif one node failed:")
 		downs := make([]string, 0, len(f.IfDown))

@@ -1157,8 +1157,12 @@ __attribute__((noinline)) int shoal_forward(shoal_ctx *ctx, struct flow *f, __u3
 		fwd_drop_count(F_HOP_LIMIT);
 		return drop(slot, reason);
 	}
-	if (f->l3_off != sizeof(struct ethhdr)) {
-		fwd_drop_count(F_NO_ROUTE); // 802.1Q-tagged: not forwarded
+	// A packet from the network sits right after an untagged Ethernet
+	// header (802.1Q-tagged ones are not forwarded); one forwarded here
+	// behind its outer header, which is rewritten.
+	int again = f->from != 0;
+	if (f->l3_off != sizeof(struct ethhdr) + (again ? ENCAP_LEN : 0)) {
+		fwd_drop_count(F_NO_ROUTE);
 		return drop(slot, reason);
 	}
 	__u8 *nh = ft->mac[ti];
@@ -1185,7 +1189,7 @@ __attribute__((noinline)) int shoal_forward(shoal_ctx *ctx, struct flow *f, __u3
 	hdr[13] = 0x00;
 	outer_header(hdr + sizeof(struct ethhdr), self, to, f->v6, len, f->hops + 1);
 #ifdef SHOAL_TC
-	if (bpf_skb_adjust_room(ctx, ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) ||
+	if ((!again && bpf_skb_adjust_room(ctx, ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4)) ||
 	    bpf_skb_store_bytes(ctx, 0, hdr, sizeof(buf) - 2, 0)) {
 		fwd_drop_count(F_NO_ROUTE);
 		return drop(slot, reason);
@@ -1194,7 +1198,7 @@ __attribute__((noinline)) int shoal_forward(shoal_ctx *ctx, struct flow *f, __u3
 	count(slot, C_FORWARDED);
 	return bpf_redirect(ctx->ifindex, 0) == TC_ACT_REDIRECT ? V_FWD : V_DROP;
 #else
-	if (bpf_xdp_adjust_head(ctx, -ENCAP_LEN)) {
+	if (!again && bpf_xdp_adjust_head(ctx, -ENCAP_LEN)) {
 		fwd_drop_count(F_NO_ROUTE);
 		return drop(slot, reason);
 	}
@@ -1208,16 +1212,17 @@ __attribute__((noinline)) int shoal_forward(shoal_ctx *ctx, struct flow *f, __u3
 #endif
 }
 
-// decap strips the outer header of a packet forwarded to this node (an
-// IPv4 header ip, within the frame, right after an untagged Ethernet
-// header), after checking that it comes from a member, and fills f's hops
-// and source. P_PASS: not a packet forwarded to this node (another
-// tunnel's); P_MALFORMED: dropped (counted as foreign, when it is).
-// It is a global function, verified once.
-__attribute__((noinline)) int shoal_decap(shoal_ctx *ctx, struct flow *f, __u32 version)
+// shoal_encap checks a packet forwarded to this node (an IPv4 header right
+// after an untagged Ethernet header): that it comes from a member, and
+// fills f's hops and source; the packet is judged as the one it carries,
+// and keeps its outer header until taken (shoal_strip) or forwarded on
+// (rewritten in place, no second encapsulation). P_PASS: not a packet
+// forwarded to this node (another tunnel's); P_FOREIGN: dropped, counted.
+// It is a global function, verified once; it changes no packet data.
+__attribute__((noinline)) int shoal_encap(shoal_ctx *ctx, struct flow *f, __u32 version)
 {
 	if (!f)
-		return P_MALFORMED;
+		return P_FOREIGN;
 	version &= 3;
 	if (version >= NUM_VERSIONS)
 		return P_PASS;
@@ -1240,30 +1245,39 @@ __attribute__((noinline)) int shoal_decap(shoal_ctx *ctx, struct flow *f, __u32 
 	pc->n[P_IN]++;
 	f->from = from;
 	f->hops = id & 0xff;
-	int inner6 = ip[9] == IPPROTO_IPV6_;
+	return P_JUDGE;
+}
+
+// shoal_strip takes the outer header off a forwarded packet this node takes
+// (f->v6: it carries IPv6). It returns nonzero when it cannot.
+__attribute__((noinline)) int shoal_strip(shoal_ctx *ctx, struct flow *f)
+{
+	if (!f)
+		return 1;
+	int inner6 = f->v6;
 	__be16 inner = inner6 ? bpf_htons(ETH_P_IPV6_) : bpf_htons(ETH_P_IP_);
 #ifdef SHOAL_TC
 	__u64 flags = inner6 ? BPF_F_ADJ_ROOM_DECAP_L3_IPV6_ : BPF_F_ADJ_ROOM_DECAP_L3_IPV4_;
 	if (bpf_skb_adjust_room(ctx, -ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags) &&
 	    (inner6 || bpf_skb_adjust_room(ctx, -ENCAP_LEN, BPF_ADJ_ROOM_MAC, 0)))
-		return P_MALFORMED;
+		return 1;
 	if (bpf_skb_store_bytes(ctx, offsetof(struct ethhdr, h_proto), &inner, 2, 0))
-		return P_MALFORMED;
+		return 1;
 #else
 	struct ethhdr eth;
 	__u8 *data = (void *)(long)ctx->data;
-	if (data + sizeof(eth) > (__u8 *)data_end)
-		return P_MALFORMED;
+	if (data + sizeof(eth) > (__u8 *)(long)ctx->data_end)
+		return 1;
 	__builtin_memcpy(&eth, data, sizeof(eth));
 	eth.h_proto = inner;
 	if (bpf_xdp_adjust_head(ctx, ENCAP_LEN))
-		return P_MALFORMED;
+		return 1;
 	data = (void *)(long)ctx->data;
 	if (data + sizeof(eth) > (__u8 *)(long)ctx->data_end)
-		return P_MALFORMED;
+		return 1;
 	__builtin_memcpy(data, &eth, sizeof(eth));
 #endif
-	return P_JUDGE;
+	return 0;
 }
 
 // prev_takes reports whether the tables of version prev take the SYN of f
@@ -1472,19 +1486,22 @@ static __always_inline int shoal_judge(shoal_ctx *ctx)
 	if (!v6 && (ip[9] == IPPROTO_IPIP || ip[9] == IPPROTO_IPV6_) && ip == (__u8 *)(eth + 1)) {
 		// Forwarded here by a member (routed mode): judged as the packet
 		// it carries, which must be VIP traffic.
-		p = shoal_decap(ctx, &f, version);
+		int inner6 = ip[9] == IPPROTO_IPV6_;
+		p = shoal_encap(ctx, &f, version);
 		if (p == P_FOREIGN)
 			return V_DROP;
-		if (p == P_MALFORMED)
-			return drop(0, R_MALFORMED);
-		// The call may have moved the packet (it did for P_JUDGE).
 		data = (void *)(long)ctx->data;
 		data_end = (void *)(long)ctx->data_end;
 		eth = data;
 		ip = (__u8 *)(eth + 1);
 		if (ip + 20 > (__u8 *)data_end)
-			return p == P_JUDGE ? drop(0, R_MALFORMED) : V_PASS;
-		v6 = eth->h_proto == bpf_htons(ETH_P_IPV6_);
+			return V_PASS; // cannot happen: checked above
+		if (p == P_JUDGE) {
+			ip += ENCAP_LEN;
+			v6 = inner6;
+			if (ip + 20 > (__u8 *)data_end)
+				return drop(0, R_MALFORMED);
+		}
 	}
 	if (v6) {
 		if (ip + 40 > (__u8 *)data_end)
@@ -1515,7 +1532,9 @@ static __always_inline int shoal_judge(shoal_ctx *ctx)
 	}
 	int v = shoal_verdict(ctx, &f, version);
 	if (v == V_NOT_TAKEN)
-		return shoal_forward(ctx, &f, version);
+		v = shoal_forward(ctx, &f, version);
+	if (v == V_ACCEPT && f.from && shoal_strip(ctx, &f))
+		return V_DROP;
 	return v;
 }
 
