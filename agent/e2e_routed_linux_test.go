@@ -189,3 +189,49 @@ func testRoutedChanges(t *testing.T, noForward bool) {
 		}
 	}
 }
+
+// TestE2ERoutedBalance: through the router, whichever node ECMP picks for
+// a connection, the node that serves it is its bucket's owner: with equal
+// weights and with weights 100/50/0 each node serves its weight's share,
+// max/mean of served/share at most 1.05 over at least 30,000 connections.
+func TestE2ERoutedBalance(t *testing.T) {
+	if _, err := exec.LookPath("vtysh"); err != nil {
+		t.Skip("routed mode's lab router needs FRR: apt-get install frr")
+	}
+	l := upLabWith(t, lab.Options{Nodes: 3, MACMode: "routed"})
+	phase := func(name string, weight map[string]float64) {
+		r := loadRun(t, l, lab.LoadArgs{Duration: 10 * time.Second, Concurrency: 8, Timeout: 2 * time.Second})
+		if r.Failures != 0 || r.Successes < 30000 {
+			t.Errorf("%s: %d of %d requests failed (%v); want 0 failed of at least 30,000", name, r.Failures, r.Requests, r.Errors)
+		}
+		var sum float64
+		for _, w := range weight {
+			sum += w
+		}
+		var ratios []string
+		worst := 0.0
+		for n, w := range weight {
+			if w == 0 {
+				if r.ByNode[n] != 0 {
+					t.Errorf("%s: %s has weight 0 and served %d requests", name, n, r.ByNode[n])
+				}
+				continue
+			}
+			ratio := float64(r.ByNode[n]) / (float64(r.Successes) * w / sum)
+			worst = max(worst, ratio)
+			ratios = append(ratios, fmt.Sprintf("%s %.3f", n, ratio))
+		}
+		t.Logf("%s: %d connections; served/share %s; max/mean %.3f", name, r.Successes, strings.Join(ratios, ", "), worst)
+		if worst > 1.05 {
+			t.Errorf("%s: max/mean %.3f over %d connections, want at most 1.05", name, worst, r.Successes)
+		}
+	}
+	phase("equal weights", map[string]float64{"node1": 1, "node2": 1, "node3": 1})
+	for name, w := range map[string]string{"node1": "100", "node2": "50", "node3": "0"} {
+		if _, err := l.CLI(t.Context(), "node1", "weight", "set", "1", name, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll(t, 10*time.Second, "converge on the new weights", func() error { return covered(l, "node1", "node2", "node3") })
+	phase("weights 100-50-0", map[string]float64{"node1": 100, "node2": 50, "node3": 0})
+}
