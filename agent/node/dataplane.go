@@ -164,7 +164,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	handEnds := len(r.released) > 0 && !r.handUntil.IsZero() && !now.Before(r.handUntil)
 	keepEnds := (len(r.kept) > 0 || r.remapKeep) && !now.Before(r.keepUntil)
 	prevEnds := r.prev != nil && !r.prevUntil.IsZero() && !now.Before(r.prevUntil)
-	resolve := r.fwd != nil && r.fwd.unresolved && !now.Before(r.pushedAt.Add(s.rs.Settings.HeartbeatPeriod))
+	resolve := r.fwd != nil && r.fwd.unresolved && !now.Before(r.pushedAt.Add(resolveEvery))
 	if s.gen == r.pushedGen && !r.heldFresh && !retry && !handEnds && !keepEnds && !prevEnds && !resolve && string(mac) == r.pushedMAC {
 		r.finishDrain(ctx, now, s)
 		return r.wakeIn(now)
@@ -329,8 +329,8 @@ func (r *reconciler) wakeIn(now time.Time) time.Duration {
 	if r.prev != nil && !r.prevUntil.IsZero() {
 		d = min(d, r.prevUntil.Sub(now))
 	}
-	if r.fwd != nil && r.fwd.unresolved && r.pushedSnap != nil {
-		d = min(d, r.pushedAt.Add(r.pushedSnap.rs.Settings.HeartbeatPeriod).Sub(now))
+	if r.fwd != nil && r.fwd.unresolved {
+		d = min(d, r.pushedAt.Add(resolveEvery).Sub(now))
 	}
 	return d
 }

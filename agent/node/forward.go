@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"sort"
+	"time"
 
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/heartbeat"
@@ -34,9 +35,9 @@ type forwarder struct {
 	cfg        *filter.Config
 	prevOwners *filter.Owners
 	prevCfg    *filter.Config
-	// unresolved: a peer's next hop had no known MAC when the tables were
-	// last completed (its packets are dropped): they are completed again
-	// every heartbeat period until it has one.
+	// unresolved: a live peer's next hop had no known MAC when the tables
+	// were last completed (its packets are dropped): they are completed
+	// again every resolveEvery until it has one.
 	unresolved bool
 }
 
@@ -82,10 +83,14 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
 		t.Peers[i+1] = addrs[i]
 	}
 	macs := f.host.NextHops(addrs)
+	live := map[filter.NodeID]bool{}
+	for _, p := range s.hb.Peers {
+		live[filter.NodeID(p.ID)] = p.Live
+	}
 	f.unresolved = false
 	for i, a := range addrs {
 		copy(t.PeerMACs[i+1][:], macs[a])
-		f.unresolved = f.unresolved || len(macs[a]) != 6
+		f.unresolved = f.unresolved || len(macs[a]) != 6 && live[ids[i]]
 	}
 
 	drainers := map[filter.RuleID]map[uint16]filter.NodeID{}
@@ -128,6 +133,11 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
 		t.Forward[id] = fw
 	}
 }
+
+// resolveEvery is how often tables are completed again while a live peer's
+// next hop has no known MAC (its heartbeats resolve it within a period or
+// two).
+const resolveEvery = time.Second
 
 // nodeAddr returns node id's heartbeat address if it is IPv4, the address
 // packets are forwarded to it at; the zero Addr otherwise.
