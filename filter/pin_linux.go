@@ -32,8 +32,9 @@ import (
 // bpf filesystem holds nothing but objects and directories, so what the
 // loader knew of the tables (Pinned) is kept by the caller.
 const (
-	pinProg = "prog"
-	pinLink = "link"
+	pinProg   = "prog"
+	pinLink   = "link"
+	pinEgress = "egress" // the MSS clamp's link (routed forwarding)
 )
 
 // xdpAttachedDrv is IFLA_XDP_ATTACHED's value for a program in the driver.
@@ -79,6 +80,10 @@ func LoadPinnedXDP(dir string, rec *Pinned) (*XDP, Adoption, error) {
 	if l, err := link.LoadPinnedLink(filepath.Join(dir, pinLink), nil); err == nil {
 		old, ad.Link = l, true
 	}
+	var egress link.Link
+	if l, err := link.LoadPinnedLink(filepath.Join(dir, pinEgress), nil); err == nil {
+		egress = l
+	}
 	var x *XDP
 	switch {
 	case rec == nil && !ad.Link:
@@ -102,6 +107,9 @@ func LoadPinnedXDP(dir string, rec *Pinned) (*XDP, Adoption, error) {
 			if old != nil {
 				old.Close()
 			}
+			if egress != nil {
+				egress.Close()
+			}
 			return nil, ad, err
 		}
 	} else {
@@ -109,6 +117,12 @@ func LoadPinnedXDP(dir string, rec *Pinned) (*XDP, Adoption, error) {
 		ad.MAC, ad.Lease = x.adoptedMAC(), x.leaseLeft()
 	}
 	x.unpin() // objects loaded from pins remember their paths
+	if egress != nil {
+		// Kept clamping the MSS until the first tables that forward move
+		// it to this program (or that do not, remove it).
+		egress.Unpin()
+		x.pendingEgress = egress
+	}
 	if old != nil {
 		old.Unpin()
 		x.pending = old
@@ -263,6 +277,11 @@ func (x *XDP) Pin(dir string) (err error) {
 	if err := x.link.Pin(filepath.Join(dir, pinLink)); err != nil {
 		return err
 	}
+	if x.egress != nil {
+		if err := x.egress.Pin(filepath.Join(dir, pinEgress)); err != nil {
+			return err
+		}
+	}
 	x.pinned = true
 	return nil
 }
@@ -297,6 +316,9 @@ func (x *XDP) unpin() {
 	if x.link != nil {
 		x.link.Unpin()
 	}
+	if x.egress != nil {
+		x.egress.Unpin()
+	}
 	x.pinned = false
 }
 
@@ -309,6 +331,10 @@ func (x *XDP) Release() error {
 	if pinned {
 		x.link.Close()
 		x.link, x.mode = nil, AttachNone
+		if x.egress != nil {
+			x.egress.Close() // pinned: it stays attached
+			x.egress = nil
+		}
 	}
 	x.mu.Unlock()
 	if !pinned {

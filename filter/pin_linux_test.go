@@ -228,3 +228,83 @@ func TestPinAdoptIPv6VIPs(t *testing.T) {
 		}
 	}
 }
+
+// TestPinEgress: routed forwarding's MSS clamp at the interface's egress
+// survives a hitless restart: pinned and released, it stays attached with
+// no process holding it; the next loader moves it to its own program when
+// its tables forward (one program at egress, never none), and removes it
+// when they stop forwarding.
+func TestPinEgress(t *testing.T) {
+	ns := newNetns(t)
+	enterNetns(t, ns)
+	ifname := uniqueName("pe")
+	run(t, "ip", "-n", ns, "link", "add", ifname, "type", "veth", "peer", "name", ifname+"p")
+	run(t, "ip", "-n", ns, "link", "set", ifname, "up")
+	egress := func() []link.AttachedProgram {
+		t.Helper()
+		l, err := netlink.LinkByName(ifname)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXEgress})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Programs
+	}
+	vip := netip.MustParseAddr("198.18.0.1")
+	c := &Config{Seed: 7, VIPs: []netip.Addr{vip}, Rules: []Rule{{ID: 1, VIP: vip, PortLo: 80, PortHi: 80, Proto: ProtoTCP}}}
+	tables := func(forward bool) *Tables {
+		tb := allIn(c, Owned)
+		if forward {
+			tb.Routed, tb.Self, tb.MTU = true, netip.MustParseAddr("198.18.9.1"), 1500
+		}
+		return tb
+	}
+	mac := []byte{0x02, 0, 0, 0, 0xaa, 2}
+	x := loadXDP(t)
+	if err := x.Update(tables(true), mac); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Attach(ifname); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Update(tables(true), mac); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(egress()); n != 1 {
+		t.Fatalf("%d programs at egress with forwarding tables, want the MSS clamp", n)
+	}
+	dir := filepath.Join("/sys/fs/bpf", uniqueName("shoaltest"), "node")
+	t.Cleanup(func() { removePins(dir); os.Remove(filepath.Dir(dir)) })
+	if err := x.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	rec := x.Pinned()
+	if err := x.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(egress()); n != 1 {
+		t.Fatalf("released: %d programs at egress, want the pinned clamp still there", n)
+	}
+	y, _, err := LoadPinnedXDP(dir, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { y.Close() })
+	if err := y.Attach(ifname); err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Update(tables(true), mac); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(egress()); n != 1 {
+		t.Fatalf("adopted: %d programs at egress, want the clamp moved to the new program", n)
+	}
+	if err := y.Update(tables(false), mac); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(egress()); n != 0 {
+		t.Errorf("tables that do not forward: %d programs at egress, want none", n)
+	}
+}

@@ -88,6 +88,9 @@ type XDP struct {
 	// clamp at its tcx egress, attached while the tables forward.
 	ifindex int
 	egress  link.Link
+	// pendingEgress is an MSS clamp link adopted from pins, moved to this
+	// program by the first tables that forward.
+	pendingEgress link.Link
 	// pending is a link adopted from pins (LoadPinnedXDP), attached with
 	// pendingMode; Attach moves it to this program.
 	pending     link.Link
@@ -260,6 +263,10 @@ func (x *XDP) Detach() error {
 	if x.egress != nil {
 		x.egress.Close()
 		x.egress = nil
+	}
+	if x.pendingEgress != nil {
+		x.pendingEgress.Close()
+		x.pendingEgress = nil
 	}
 	x.ifindex = 0
 	if x.link == nil {
@@ -495,6 +502,16 @@ func fwdTable(t *Tables) (*shoalFwdTable, error) {
 // clampMSS attaches the MSS clamp to the interface's egress when on and
 // it is not yet, and removes it when not on. Called with x.mu held.
 func (x *XDP) clampMSS(on bool) error {
+	if p := x.pendingEgress; p != nil {
+		x.pendingEgress = nil
+		if on && x.egress == nil && egressOn(p, x.ifindex) {
+			if _, err := x.tcProgram(); err == nil && p.Update(x.tc.ShoalMss) == nil {
+				x.egress = p
+				return nil
+			}
+		}
+		p.Close()
+	}
 	switch {
 	case on && x.egress == nil && x.ifindex != 0:
 		if x.noTCX {
@@ -516,6 +533,16 @@ func (x *XDP) clampMSS(on bool) error {
 		}
 	}
 	return nil
+}
+
+// egressOn reports whether tcx link l is attached to interface ifindex.
+func egressOn(l link.Link, ifindex int) bool {
+	info, err := l.Info()
+	if err != nil {
+		return false
+	}
+	t := info.TCX()
+	return t != nil && int(t.Ifindex) == ifindex
 }
 
 // SetMembers makes addrs (IPv4) the only sources a packet forwarded to
