@@ -134,7 +134,8 @@ func (a *Agent) forwardInfo() *control.ForwardInfo {
 		return nil
 	}
 	t := a.node.Tables()
-	fi := &control.ForwardInfo{On: t != nil && t.Forwarding(), Foreign: fc.Foreign, NoRoute: fc.NoRoute, HopLimit: fc.HopLimit, TooBig: fc.TooBig}
+	fi := &control.ForwardInfo{On: t != nil && t.Forwarding(), Foreign: fc.Foreign, NoRoute: fc.NoRoute, HopLimit: fc.HopLimit, TooBig: fc.TooBig,
+		ClampError: fc.Clamp}
 	for _, n := range rs.Nodes {
 		ap, err := netip.ParseAddrPort(n.HeartbeatAddr)
 		if err != nil || n.ID == a.self {

@@ -91,6 +91,7 @@ type XDP struct {
 	// pendingEgress is an MSS clamp link adopted from pins, moved to this
 	// program by the first tables that forward.
 	pendingEgress link.Link
+	clampErr      error // the clamp could not be attached (ForwardCounters)
 	// pending is a link adopted from pins (LoadPinnedXDP), attached with
 	// pendingMode; Attach moves it to this program.
 	pending     link.Link
@@ -452,9 +453,10 @@ func (x *XDP) Update(t *Tables, ifMAC net.HardwareAddr) error {
 		return err
 	}
 
-	if err := x.clampMSS(ft.Mss4 != 0 || ft.Mss6 != 0); err != nil {
-		return err
-	}
+	// Without the clamp, full-size segments a peer forwards here would be
+	// dropped as too big; the tables go in anyway (a data plane that takes
+	// no tables would take nothing at all), and ForwardCounters says why.
+	x.clampErr = x.clampMSS(ft.Mss4 != 0 || ft.Mss6 != 0)
 	if err := x.objs.Active.Update(uint32(0), next, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("flip xdp tables: %w", err)
 	}
@@ -601,6 +603,9 @@ type ForwardCounters struct {
 	NoRoute  uint64 // not forwarded: no route or neighbour to the target, or an 802.1Q-tagged frame
 	HopLimit uint64 // not forwarded: MaxHops made, or the target is this node
 	TooBig   uint64 // not forwarded: over the MTU once encapsulated
+	// Clamp is why the SYN-ACKs' MSS is not clamped though the tables
+	// forward (no tcx on this kernel, say); "" when it is, or need not be.
+	Clamp string
 }
 
 // ForwardCounters returns the forwarding counts, summed over CPUs.
@@ -608,6 +613,9 @@ func (x *XDP) ForwardCounters() (ForwardCounters, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	out := ForwardCounters{Peers: map[netip.Addr]PeerCounters{}}
+	if x.clampErr != nil {
+		out.Clamp = x.clampErr.Error()
+	}
 	var per []shoalPeerCounters
 	for k := range x.members {
 		if err := x.objs.FwdStats.Lookup(k, &per); err != nil {

@@ -93,6 +93,9 @@ type ForwardInfo struct {
 	NoRoute  uint64 `json:"no_route"`
 	HopLimit uint64 `json:"hop_limit"`
 	TooBig   uint64 `json:"too_big"`
+	// ClampError: why SYN-ACKs leave without the MSS clamp the forwarding
+	// needs (full-size segments forwarded here are then dropped as too big).
+	ClampError string `json:"clamp_error,omitempty"`
 }
 
 // ForwardPeer is one peer's forwarding counters.

@@ -219,7 +219,10 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		}
 	}
 	routed := s.rs.Settings.MACMode == rules.MACRouted
-	if routed && r.fwd == nil {
+	// Forwarding needs this node's IPv4 address: without it (or with
+	// forwarding off) routed mode keeps whatever the routers send.
+	forwards := routed && r.fwd != nil && nodeAddr(s.rs, r.self).IsValid()
+	if routed && !forwards {
 		// The routers choose which node serves a flow: this node keeps
 		// whatever it is sent (no bucket is another's, none is dirty)
 		// unless it is stopped or suspended, as in the other modes.
@@ -229,13 +232,13 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		}
 	}
 	p := planTables(s.fcfg, r.self, admin, s.plugged, accept.Buckets, dirty, hold)
-	if !routed || r.fwd != nil {
+	if !routed || forwards {
 		p.tables.Prev = r.prev
 	}
 	p.tables.Routed = routed
 	hands := r.handOver(now, s, p.tables, accept.Buckets)
 	r.remapKeep = r.keepRemapped(now, s, p.tables, remapped, hands)
-	if routed && r.fwd != nil {
+	if forwards {
 		// Routed: the packets this node does not take go to the node that
 		// does (docs/ROUTED.md).
 		r.fwd.complete(s, r.self, p.tables)

@@ -131,9 +131,10 @@ type testNode struct {
 // testCluster is n registered nodes sharing one fake rules source; none
 // runs until started.
 type testCluster struct {
-	t     *testing.T
-	rules *fakeRules
-	nodes []*testNode
+	t       *testing.T
+	rules   *fakeRules
+	nodes   []*testNode
+	forward *Forwarding // routed mode's forwarding, for the nodes started next
 }
 
 func newTestCluster(t *testing.T, n int, period time.Duration) *testCluster {
@@ -195,7 +196,8 @@ func (c *testCluster) start(i int) *testNode {
 				(*f)()
 			}
 			return nil
-		}})
+		},
+		Forward: c.forward})
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -99,6 +99,9 @@ func printForwarding(w io.Writer, f *control.ForwardInfo) {
 	tw.Flush()
 	fmt.Fprintf(w, "not forwarded: %d from strangers, %d without a next hop, %d past the hop limit, %d over the MTU\n",
 		f.Foreign, f.NoRoute, f.HopLimit, f.TooBig)
+	if f.ClampError != "" {
+		fmt.Fprintf(w, "WARNING: SYN-ACKs are not MSS-clamped (%s): full-size segments forwarded here are dropped\n", f.ClampError)
+	}
 }
 
 // printBGP shows the asked node's BGP sessions and announcements.
