@@ -10,6 +10,7 @@
 #   sudo bench/idle.sh                           # NODES=3 WINDOW=20 SOCKETS=0
 #   sudo SOCKETS=100000 bench/idle.sh            # 100,000 TIME_WAIT sockets per node
 #   sudo SOCKETS=100000 SOCKMODE=established bench/idle.sh
+#   sudo LAB_FLAGS="--mac-mode routed" bench/idle.sh   # any shoal lab up flags
 #
 # PROFILE=DIR also takes a 20 s CPU profile of every agent with perf (when
 # installed), for `perf report -i DIR/nodeN.perf`.
@@ -42,7 +43,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-lab_up "$NODES"
+lab_up "$NODES" ${LAB_FLAGS:-}
 for i in $(seq 1 "$NODES"); do wait_for 60 eligible_is "${NODE_SOCK[i]}" "$NODES"; done
 
 if [ "$SOCKETS" -gt 0 ]; then
