@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/agent/doctor"
+	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/peer"
 	"github.com/shoalnet/shoal/rules"
 )
@@ -211,5 +213,42 @@ func (a *Agent) doctorNode(ctx context.Context) doctor.Report {
 			return out
 		}
 	}
+	env.Forwarding = func() *doctor.Forwarding { return a.doctorForwarding() }
 	return doctor.Run(ctx, env)
+}
+
+// doctorForwarding is the data plane's forwarding as the doctor checks it.
+func (a *Agent) doctorForwarding() *doctor.Forwarding {
+	t := a.node.Tables()
+	if t == nil {
+		return nil
+	}
+	f := &doctor.Forwarding{On: t.Forwarding()}
+	if !f.On {
+		return f
+	}
+	f.Self = t.Self.String()
+	if fc, err := a.xdp.ForwardCounters(); err == nil {
+		f.ClampError = fc.Clamp
+	}
+	live := map[filter.NodeID]bool{}
+	for _, p := range a.node.Snap().Heartbeat().Peers {
+		live[filter.NodeID(p.ID)] = p.Live
+	}
+	rs := a.node.Snap().Rules()
+	for i, p := range t.Peers {
+		if !p.IsValid() {
+			continue
+		}
+		f.Peers++
+		if t.PeerMACs[i] != ([6]byte{}) {
+			continue
+		}
+		for _, n := range rs.Nodes {
+			if ap, err := netip.ParseAddrPort(n.HeartbeatAddr); err == nil && ap.Addr().Unmap() == p && live[n.ID] {
+				f.NoMAC = append(f.NoMAC, n.Name)
+			}
+		}
+	}
+	return f
 }

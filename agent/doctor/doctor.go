@@ -92,6 +92,18 @@ type Env struct {
 	// BGP, in routed mode, is the node's BGP sessions, one per configured
 	// neighbour; nil when the node has no bgp section.
 	BGP func() []BGPSession
+	// Forwarding, in routed mode, is the data plane's forwarding as its
+	// tables have it; nil: none pushed yet.
+	Forwarding func() *Forwarding
+}
+
+// Forwarding is what the doctor needs of routed mode's forwarding.
+type Forwarding struct {
+	On         bool     // the tables forward (off: bgp.no_forward, or no IPv4 address)
+	Self       string   // the address it forwards from
+	Peers      int      // peers it can forward to
+	NoMAC      []string // live peers whose next hop's MAC is not known
+	ClampError string   // why the SYN-ACKs' MSS is not clamped; "" when it is
 }
 
 // BGPSession is what the doctor needs of a BGP session.
@@ -107,6 +119,7 @@ type BGPSession struct {
 func Run(ctx context.Context, env Env) Report {
 	checks := []func(context.Context, Env) Check{
 		checkKernel, checkXDP, checkSysctls, checkClock, checkHeartbeats, checkPorts, checkClusterMAC, checkGateway, checkBGP,
+		checkForwarding,
 	}
 	out := make([]Check, len(checks))
 	var wg sync.WaitGroup
@@ -402,6 +415,35 @@ func checkBGP(_ context.Context, env Env) Check {
 		return c
 	}
 	c.Verdict, c.Detail = VerdictOK, "sessions established with "+strings.Join(up, ", ")
+	return c
+}
+
+// checkForwarding, in routed mode, checks that the data plane forwards
+// what it does not own: on, with every live peer's next hop known and the
+// SYN-ACKs' MSS clamped for the encapsulation.
+func checkForwarding(_ context.Context, env Env) Check {
+	c := Check{Name: "forwarding"}
+	var f *Forwarding
+	if env.Forwarding != nil {
+		f = env.Forwarding()
+	}
+	switch {
+	case env.Mode != rules.MACRouted:
+		c.Verdict, c.Detail = VerdictSkip, "not in routed mode"
+	case f == nil:
+		c.Verdict, c.Detail = VerdictWarn, "no tables pushed yet"
+	case !f.On:
+		c.Verdict, c.Detail = VerdictWarn, "off: this node keeps every packet the routers send it (plain ECMP), so a change of the routers' next hops breaks the connections it moves"
+		c.Fix = "remove bgp.no_forward from every node's config, and give the node an IPv4 heartbeat address (docs/ROUTED.md)"
+	case f.ClampError != "":
+		c.Verdict, c.Detail = VerdictFail, "SYN-ACKs leave without the MSS clamp ("+f.ClampError+"): full-size segments forwarded to this node are dropped as too big"
+		c.Fix = "run a kernel with tcx (Linux 6.6 or later), or raise the MTU between the nodes by 20 bytes (docs/ROUTED.md, MTU)"
+	case len(f.NoMAC) > 0:
+		c.Verdict, c.Detail = VerdictFail, "no next hop's MAC for "+strings.Join(f.NoMAC, ", ")+": packets their buckets own are dropped here"
+		c.Fix = "check that the peers are reachable out of the cluster interface (the neighbour table: ip neigh), directly or through one gateway"
+	default:
+		c.Verdict, c.Detail = VerdictOK, fmt.Sprintf("forwarding from %s to %d peers, MSS clamped", f.Self, f.Peers)
+	}
 	return c
 }
 

@@ -52,6 +52,7 @@ func routed(state, bfd string) func(*Env) {
 			}
 			return []BGPSession{s}
 		}
+		e.Forwarding = func() *Forwarding { return &Forwarding{On: true, Self: "198.18.1.11", Peers: 2} }
 	}
 }
 
@@ -120,18 +121,18 @@ func TestDoctorVerdicts(t *testing.T) {
 		{"routed, sessions up", routed("established", "up"), "bgp", VerdictOK, []string{"198.18.1.1"}},
 		{"routed, session down", routed("active", ""), "bgp", VerdictFail, []string{"198.18.1.1: session active (connection refused)", "TCP 179"}},
 		{"routed, bfd down", routed("established", "down"), "bgp", VerdictFail, []string{"bfd down"}},
-		{"routed, no bgp section", func(e *Env) { e.Mode = rules.MACRouted }, "bgp", VerdictFail, []string{"no bgp section"}},
+		{"routed, no bgp section", func(e *Env) { routed("", "")(e); e.BGP = nil }, "bgp", VerdictFail, []string{"no bgp section"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := goodEnv()
 			tt.change(&env)
 			rep := Run(context.Background(), env)
-			if len(rep.Checks) != 9 || rep.Node != "node1" {
-				t.Fatalf("report %+v: want 9 checks of node1", rep)
+			if len(rep.Checks) != 10 || rep.Node != "node1" {
+				t.Fatalf("report %+v: want 10 checks of node1", rep)
 			}
 			// Routed mode has no cluster MAC; the other modes no BGP.
-			skipped := map[string]bool{"bgp": true}
+			skipped := map[string]bool{"bgp": true, "forwarding": true}
 			if env.Mode == rules.MACRouted {
 				skipped = map[string]bool{"cluster_mac": true, "gateway": true}
 			}
@@ -189,6 +190,40 @@ func TestJudgeNeighbour(t *testing.T) {
 			}
 			if c.Verdict == VerdictFail && !strings.Contains(c.Fix, "ip neigh replace 198.18.1.100 lladdr "+tt.mode.ClusterMAC(vip).String()) {
 				t.Errorf("fix %q does not give the static entry", c.Fix)
+			}
+		})
+	}
+}
+
+// TestForwardingCheck: routed mode's forwarding check passes only when the
+// data plane forwards, with every live peer's next hop known and the MSS
+// clamped; it says why otherwise, and skips the other modes.
+func TestForwardingCheck(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		mode rules.MACMode
+		f    *Forwarding
+		want Verdict
+		says string
+	}{
+		{"multicast", rules.MACMulticast, nil, VerdictSkip, "not in routed mode"},
+		{"no tables", rules.MACRouted, nil, VerdictWarn, "no tables"},
+		{"off", rules.MACRouted, &Forwarding{}, VerdictWarn, "plain ECMP"},
+		{"no clamp", rules.MACRouted, &Forwarding{On: true, ClampError: "tcx not supported"}, VerdictFail, "tcx not supported"},
+		{"no mac", rules.MACRouted, &Forwarding{On: true, Peers: 2, NoMAC: []string{"node2"}}, VerdictFail, "node2"},
+		{"ok", rules.MACRouted, &Forwarding{On: true, Self: "198.18.1.11", Peers: 2}, VerdictOK, "to 2 peers"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := Env{Mode: tt.mode}
+			if tt.f != nil || tt.name == "no tables" {
+				env.Forwarding = func() *Forwarding { return tt.f }
+			}
+			c := checkForwarding(context.Background(), env)
+			if c.Verdict != tt.want || !strings.Contains(c.Detail, tt.says) {
+				t.Errorf("%s: %+v; want %s saying %q", tt.name, c, tt.want, tt.says)
+			}
+			if c.Verdict != VerdictOK && c.Verdict != VerdictSkip && tt.name != "no tables" && c.Fix == "" {
+				t.Errorf("%s: no fix given", tt.name)
 			}
 		})
 	}
