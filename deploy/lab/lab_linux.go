@@ -253,6 +253,14 @@ func (l *Lab) network(ctx context.Context) error {
 	if _, err := ip(ctx, "-n", l.Switch, "link", "set", Bridge, "up"); err != nil {
 		return err
 	}
+	// Where br_netfilter is loaded (Docker loads it), every frame the
+	// bridge forwards also runs the iptables, ip6tables and arptables
+	// hooks, in every namespace: nothing here filters there (the lab's
+	// own rules are nftables bridge tables), so the switch skips them.
+	if err := exec.CommandContext(ctx, "ip", "netns", "exec", l.Switch, "sh", "-c",
+		"for f in /proc/sys/net/bridge/bridge-nf-call-*; do [ -w \"$f\" ] && echo 0 > \"$f\"; done; true").Run(); err != nil {
+		return fmt.Errorf("lab: the switch's bridge netfilter hooks: %w", err)
+	}
 	hosts := append([]Host{l.Client}, l.Nodes...)
 	if l.Bystander != nil {
 		hosts = append(hosts, *l.Bystander)
