@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/shoalnet/shoal/agent/control"
 	"github.com/shoalnet/shoal/agent/doctor"
+	"github.com/shoalnet/shoal/agent/node"
 	"github.com/shoalnet/shoal/filter"
 	"github.com/shoalnet/shoal/peer"
 	"github.com/shoalnet/shoal/rules"
@@ -245,7 +245,7 @@ func (a *Agent) doctorForwarding() *doctor.Forwarding {
 			continue
 		}
 		for _, n := range rs.Nodes {
-			if ap, err := netip.ParseAddrPort(n.HeartbeatAddr); err == nil && ap.Addr().Unmap() == p && live[n.ID] {
+			if node.NodeAddr(rs, n.ID) == p && live[n.ID] {
 				f.NoMAC = append(f.NoMAC, n.Name)
 			}
 		}

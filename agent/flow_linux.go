@@ -94,11 +94,11 @@ func (a *Agent) flowPeerHandler() http.Handler {
 // forwardsTo says where routed mode's data plane sends a packet of bucket
 // b of rule id that reaches this node (whichever node the router picked)
 // and that it does not take, and why.
-func forwardsTo(t *filter.Tables, rs *rules.State, id filter.RuleID, b uint16) (node, why string) {
+func forwardsTo(t *filter.Tables, rs *rules.State, id filter.RuleID, b uint16) (name, why string) {
 	to := t.ForwardTarget(id, b)
 	for _, n := range rs.Nodes {
-		if ap, err := netip.ParseAddrPort(n.HeartbeatAddr); err == nil && ap.Addr().Unmap() == to {
-			node = n.Name
+		if to.IsValid() && node.NodeAddr(rs, n.ID) == to {
+			name = n.Name
 		}
 	}
 	var st filter.BucketState
@@ -112,13 +112,13 @@ func forwardsTo(t *filter.Tables, rs *rules.State, id filter.RuleID, b uint16) (
 	case to == (netip.Addr{}):
 		return "", "drops what it does not take: no node to forward to"
 	case st == filter.OwnedDirty:
-		why = "takes SYNs and the connections it holds; forwards the rest to " + node + ", which holds connections in the bucket (second chance)"
+		why = "takes SYNs and the connections it holds; forwards the rest to " + name + ", which holds connections in the bucket (second chance)"
 	case pending:
-		why = "acquiring the bucket: forwards what it does not hold to " + node + ", its owner until it lets go, which hands new SYNs back"
+		why = "acquiring the bucket: forwards what it does not hold to " + name + ", its owner until it lets go, which hands new SYNs back"
 	case st == filter.Draining:
-		why = "takes the connections it holds; forwards the rest to " + node + ", the bucket's owner"
+		why = "takes the connections it holds; forwards the rest to " + name + ", the bucket's owner"
 	default:
-		why = "forwards every packet to " + node + ", the bucket's owner"
+		why = "forwards every packet to " + name + ", the bucket's owner"
 	}
-	return node, why
+	return name, why
 }

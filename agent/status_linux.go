@@ -137,12 +137,9 @@ func (a *Agent) forwardInfo() *control.ForwardInfo {
 	fi := &control.ForwardInfo{On: t != nil && t.Forwarding(), Foreign: fc.Foreign, NoRoute: fc.NoRoute, HopLimit: fc.HopLimit, TooBig: fc.TooBig,
 		ClampError: fc.Clamp}
 	for _, n := range rs.Nodes {
-		ap, err := netip.ParseAddrPort(n.HeartbeatAddr)
-		if err != nil || n.ID == a.self {
-			continue
-		}
-		if pc, ok := fc.Peers[ap.Addr().Unmap()]; ok {
-			fi.Peers = append(fi.Peers, control.ForwardPeer{Node: n.Name, Addr: ap.Addr().Unmap(),
+		addr := node.NodeAddr(rs, n.ID)
+		if pc, ok := fc.Peers[addr]; ok && n.ID != a.self {
+			fi.Peers = append(fi.Peers, control.ForwardPeer{Node: n.Name, Addr: addr,
 				Forwarded: pc.Forwarded, SecondChance: pc.SecondChance, Received: pc.Received})
 		}
 	}

@@ -221,7 +221,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	routed := s.rs.Settings.MACMode == rules.MACRouted
 	// Forwarding needs this node's IPv4 address: without it (or with
 	// forwarding off) routed mode keeps whatever the routers send.
-	forwards := routed && r.fwd != nil && nodeAddr(s.rs, r.self).IsValid()
+	forwards := routed && r.fwd != nil && NodeAddr(s.rs, r.self).IsValid()
 	if routed && !forwards {
 		// The routers choose which node serves a flow: this node keeps
 		// whatever it is sent (no bucket is another's, none is dirty)
@@ -241,7 +241,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	if forwards {
 		// Routed: the packets this node does not take go to the node that
 		// does (docs/ROUTED.md).
-		r.fwd.complete(s, r.self, p.tables)
+		r.fwd.complete(s, r.self, p.tables, &r.assign)
 	}
 	t2 := r.now()
 	// Tables the kernel already holds need no push (a view that moves

@@ -25,8 +25,7 @@ type Forwarding struct {
 // forwarder completes routed tables with where the packets a node does not
 // take go (filter.Tables.Forward). Owned by the reconciler's goroutine.
 type forwarder struct {
-	host   *Forwarding
-	assign filter.Assigner
+	host *Forwarding
 	// The owners of the view the tables were last completed for, and of
 	// the view before it: a bucket this node acquires is still its
 	// previous owner's until that owner lets it go.
@@ -48,12 +47,15 @@ type forwarder struct {
 // that may hold a connection this one does not (the second chance).
 // Nothing when this node has no IPv4 heartbeat address or its plug is
 // pulled.
-func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
-	me := nodeAddr(s.rs, self)
+//
+// owners come from the reconciler's assigner, which the hand-overs of the
+// same view ask too.
+func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables, assign *filter.Assigner) {
+	me := NodeAddr(s.rs, self)
 	if !me.IsValid() || s.plugged {
 		return
 	}
-	owners := f.assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+	owners := assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
 	if !s.hb.View.Equal(f.view) || f.cfg != s.fcfg {
 		f.prevOwners, f.prevCfg = f.owners, f.cfg
 		f.owners, f.cfg, f.view = owners, s.fcfg, s.hb.View
@@ -67,7 +69,7 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
 	// Every other member gets an index, in ID order.
 	ids := make([]filter.NodeID, 0, len(s.rs.Nodes))
 	for _, n := range s.rs.Nodes {
-		if n.ID != self && nodeAddr(s.rs, n.ID).IsValid() {
+		if n.ID != self && NodeAddr(s.rs, n.ID).IsValid() {
 			ids = append(ids, n.ID)
 		}
 	}
@@ -78,7 +80,7 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
 	addrs := make([]netip.Addr, len(ids))
 	index := make(map[filter.NodeID]uint8, len(ids))
 	for i, id := range ids {
-		addrs[i] = nodeAddr(s.rs, id)
+		addrs[i] = NodeAddr(s.rs, id)
 		index[id] = uint8(i + 1)
 		t.Peers[i+1] = addrs[i]
 	}
@@ -139,9 +141,9 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables) {
 // two).
 const resolveEvery = time.Second
 
-// nodeAddr returns node id's heartbeat address if it is IPv4, the address
+// NodeAddr returns node id's heartbeat address if it is IPv4, the address
 // packets are forwarded to it at; the zero Addr otherwise.
-func nodeAddr(rs *rules.State, id filter.NodeID) netip.Addr {
+func NodeAddr(rs *rules.State, id filter.NodeID) netip.Addr {
 	n := rs.Node(id)
 	if n == nil {
 		return netip.Addr{}
@@ -158,7 +160,7 @@ func nodeAddr(rs *rules.State, id filter.NodeID) netip.Addr {
 func MemberAddrs(rs *rules.State) []netip.Addr {
 	var out []netip.Addr
 	for _, n := range rs.Nodes {
-		if a := nodeAddr(rs, n.ID); a.IsValid() {
+		if a := NodeAddr(rs, n.ID); a.IsValid() {
 			out = append(out, a)
 		}
 	}
