@@ -308,8 +308,17 @@ func TestLabRestart(t *testing.T) {
 	if after == 0 {
 		t.Errorf("%s served no request after its restart began: no connection of the drill was its", rep.Node)
 	}
-	if silent > 0 {
-		t.Errorf("%s answered nothing in %d of the 100 ms slots after its restart began: its connections stalled", rep.Node, silent)
+	// A gap in the data plane while the new agent takes over drops the
+	// victim's packets, and its clients retransmit them. A 100 ms slot
+	// without a response from it is no proof of that: on two cores the new
+	// agent's start-up (process, program load) can starve a node's server
+	// for that long, and captures of such slots show late answers, not
+	// lost packets.
+	switch {
+	case rep.Retransmits == nil:
+		t.Errorf("the client's retransmissions are unknown: want TCP_INFO's count")
+	case *rep.Retransmits > 0:
+		t.Errorf("the client retransmitted %d segments: packets were dropped across the restart (%d slots without a response from %s)", *rep.Retransmits, silent, rep.Node)
 	}
 	t.Logf("%s served %d requests after its restart began", rep.Node, after)
 }

@@ -51,6 +51,10 @@ type Report struct {
 	// took it. A planned change should delay none.
 	Delayed     int            `json:"syn_delayed"`
 	DelayedList []load.Failure `json:"syn_delayed_list,omitempty"`
+	// Retransmits: TCP segments the client sent again after a loss (nil
+	// where the system does not say). Packets the nodes dropped cause
+	// them; a node slow to answer (starved of CPU) does not.
+	Retransmits *uint64 `json:"retransmits,omitempty"`
 	// Held: the long-lived connections held across the event (Traffic.Held)
 	// and how many broke; nil without them.
 	Held         *load.HeldResult `json:"held,omitempty"`
@@ -75,6 +79,7 @@ func NewReport(res load.Result, samples []Sample) Report {
 		FailuresDropped: res.FailuresDropped,
 		Delayed:         res.Delayed,
 		DelayedList:     res.DelayedList,
+		Retransmits:     res.Retransmits,
 		Connects:        res.Connects,
 		ConnectP99MS:    res.ConnectP99MS,
 		Timeline:        Timeline(res, samples),
@@ -176,6 +181,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		r.Requests, r.Successes, r.Failures, r.RatePerSec, r.P50MS, r.P99MS)
 	fmt.Fprintf(&b, "delayed by a SYN retransmission (connect >= %v): %d of %d requests; %d connects, p99 %.2f ms\n",
 		load.SYNRetransmit, r.Delayed, r.Requests, r.Connects, r.ConnectP99MS)
+	if r.Retransmits != nil {
+		fmt.Fprintf(&b, "segments the client retransmitted after a loss: %d\n", *r.Retransmits)
+	}
 	if h := r.Held; h != nil {
 		fmt.Fprintf(&b, "held keep-alive connections: %d (%d requests), broken %d\n", h.Connections, h.Requests, h.Broken)
 		for _, e := range h.BrokenList {

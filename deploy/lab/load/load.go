@@ -76,12 +76,22 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("load: url %q: %w", o.URL, err)
 	}
+	tally := newRetransTally()
 	tr := &http.Transport{
 		Proxy:               nil, // the lab's client must never go through a proxy from the environment
-		DialContext:         (&net.Dialer{Timeout: o.Timeout}).DialContext,
+		DialContext:         tally.dialer((&net.Dialer{Timeout: o.Timeout}).DialContext),
 		DisableKeepAlives:   !o.KeepAlive,
 		MaxIdleConnsPerHost: o.Concurrency,
 		DisableCompression:  true,
+	}
+	if o.KeepAlive {
+		// One connection per worker, opened again only when one ends.
+		// Without the cap, a worker whose next request starts before its
+		// connection is back in the idle pool (a goroutine of the
+		// transport returns it) dials another, and under a burst of CPU
+		// load the dial may win: a connection counted as new that nothing
+		// broke.
+		tr.MaxConnsPerHost = o.Concurrency
 	}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
@@ -216,6 +226,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		all = append(all, p...)
 	}
 	res := Summarize(all, start, elapsed, o.Bucket)
+	if n, ok := tally.sum(); ok {
+		res.Retransmits = &n
+	}
 	if o.Held > 0 {
 		res.Held = &heldRes
 	}

@@ -57,4 +57,30 @@ func TestRunCountsSYNRetransmissions(t *testing.T) {
 		t.Errorf("successes %d, delayed %d %+v, connect p99 %.0f ms; want the one request delayed by a retransmitted SYN",
 			res.Successes, res.Delayed, res.DelayedList, res.ConnectP99MS)
 	}
+	if res.Retransmits == nil || *res.Retransmits == 0 {
+		t.Errorf("retransmits %v; want the dropped SYN counted", res.Retransmits)
+	}
+}
+
+// TestRunRetransmitsNoneWhenSlow: a server that answers late makes the
+// client wait, not retransmit: the count tells lost packets from a slow
+// node.
+func TestRunRetransmitsNoneWhenSlow(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond) // past the 200 ms minimum retransmission timeout
+		w.Header().Set(NodeHeader, "node1")
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	res, err := Run(context.Background(), Options{URL: "http://" + ln.Addr().String() + "/", Requests: 4, Concurrency: 2, KeepAlive: true, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Successes != 4 || res.Connects != 2 || res.Retransmits == nil || *res.Retransmits != 0 {
+		t.Errorf("successes %d, connects %d, retransmits %v; want 4 on 2 connections and none retransmitted", res.Successes, res.Connects, res.Retransmits)
+	}
 }

@@ -64,8 +64,13 @@ type Result struct {
 	// Delayed counts successful requests whose connect took SYNRetransmit
 	// or more: each waited for a retransmitted SYN, as when it landed on
 	// a bucket nobody owned.
-	Delayed     int                `json:"syn_delayed"`
-	DelayedList []Failure          `json:"syn_delayed_list,omitempty"`
+	Delayed     int       `json:"syn_delayed"`
+	DelayedList []Failure `json:"syn_delayed_list,omitempty"`
+	// Retransmits counts the TCP segments the requests' connections sent
+	// again after a loss (TCP_INFO, Linux; nil where the system does not
+	// say): packets a filter or a queue dropped on the way. A slow server
+	// causes none.
+	Retransmits *uint64            `json:"retransmits,omitempty"`
 	ByNode      map[string]int     `json:"by_node"`
 	Share       map[string]float64 `json:"share"`
 	Errors      map[ErrorClass]int `json:"errors,omitempty"`
