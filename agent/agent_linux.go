@@ -86,7 +86,7 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 	}
 	period, tolerance := cfg.BootstrapHeartbeat()
 	a.store, err = rules.Open(rules.StoreConfig{
-		NodeName: cfg.NodeName, DataDir: cfg.DataDir, RaftBind: cfg.RaftAddr,
+		NodeName: cfg.NodeName, Zone: cfg.Zone, DataDir: cfg.DataDir, RaftBind: cfg.RaftAddr,
 		HeartbeatAddr: cfg.HeartbeatAddr, APIAddr: cfg.PeerAddr, Key: key,
 		TLS: a.sec.certs, Refusals: a.sec.refusals,
 		Bootstrap: cfg.Bootstrap, Logger: log,
@@ -197,6 +197,9 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 			return err
 		},
 	})
+	if err == nil {
+		a.store.SetPeerHealth(func() map[filter.NodeID]rules.PeerHealth { return peerHealth(a.node.Snap(), time.Now()) })
+	}
 	if err != nil {
 		link.Close()
 		return err
@@ -463,4 +466,22 @@ func announces(s *node.Snap, self filter.NodeID, n *node.Node) bool {
 	me := s.Rules().Node(self)
 	t := n.Tables()
 	return me != nil && me.Admin == rules.AdminDraining && t != nil && t.Forwarding()
+}
+
+// peerHealth is what the heartbeats say of the peers, for the Raft
+// autopilot (rules.PeerHealth): nil before the first snapshot.
+func peerHealth(s *node.Snap, now time.Time) map[filter.NodeID]rules.PeerHealth {
+	if s == nil {
+		return nil
+	}
+	peers := s.Heartbeat().Peers
+	out := make(map[filter.NodeID]rules.PeerHealth, len(peers))
+	for _, p := range peers {
+		h := rules.PeerHealth{Live: p.Live, RulesIndex: p.RulesIndex, LastHeard: time.Duration(1<<62)}
+		if !p.LastHeard.IsZero() {
+			h.LastHeard = now.Sub(p.LastHeard)
+		}
+		out[filter.NodeID(p.ID)] = h
+	}
+	return out
 }

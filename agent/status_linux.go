@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"net/netip"
 	"slices"
@@ -67,6 +68,7 @@ func (a *Agent) Status() control.Status {
 		s.Admin = n.Admin.String()
 	}
 	s.Leader, _ = a.store.Leader()
+	s.Raft, _ = a.raftInfo()
 	s.RulesStopped = control.RulesStopped(a.store)
 	s.BGP = a.bgpInfo()
 	return s
@@ -78,6 +80,8 @@ func (a *Agent) Query() control.Query {
 	owners := filter.Assign(ms.Filter(), node.NodeIDs(hb.View.Eligible))
 	q := control.Query{Self: a.cfg.NodeName, Converged: hb.Converged, RulesIndex: rs.Index, Settings: control.SettingsOf(rs.Settings)}
 	q.Leader, _ = a.store.Leader()
+	var roles map[string]string
+	q.Raft, roles = a.raftInfo()
 	q.BGP = a.bgpInfo()
 	q.Forwarding = a.forwardInfo()
 	for _, v := range rs.VIPs {
@@ -90,7 +94,7 @@ func (a *Agent) Query() control.Query {
 	for _, n := range rs.Nodes {
 		ni := control.NodeInfo{ID: n.ID, Name: n.Name, HostPriority: n.HostPriority, Admin: n.Admin.String(),
 			Eligible: hb.View.Has(uint32(n.ID)), HeartbeatAddr: n.HeartbeatAddr, APIAddr: n.APIAddr,
-			Share: map[filter.RuleID]float64{}}
+			Share: map[filter.RuleID]float64{}, Raft: cmp.Or(roles[n.Name], "none"), Zone: n.Zone}
 		if n.ID == self {
 			ni.Live, ni.Healthy, ni.RulesIndex = true, a.healthy(), rs.Index
 		} else if i, ok := peers[n.ID]; ok {
@@ -175,4 +179,42 @@ func (a *Agent) Simulate(client, to netip.AddrPort, proto string) (control.Simul
 		sim.IfDown[name(down)] = name(filter.Assign(ms.Filter(), rest).Rules[id][bucket])
 	}
 	return sim, nil
+}
+
+// raftInfo is this node's place in Raft, with the autopilot's view when it
+// leads, and every member's role by name.
+func (a *Agent) raftInfo() (control.RaftInfo, map[string]string) {
+	ri := control.RaftInfo{Role: "none"}
+	roles := map[string]string{}
+	ms, err := a.store.Members()
+	if err != nil {
+		return ri, roles
+	}
+	leader, _ := a.store.Leader()
+	for _, m := range ms {
+		role := "non-voter"
+		switch {
+		case m.Voter && m.Name == leader:
+			role = "leader"
+		case m.Voter:
+			role = "voter"
+		}
+		roles[m.Name] = role
+		if m.Voter {
+			ri.Voters++
+		} else {
+			ri.NonVoters++
+		}
+	}
+	ri.Role = cmp.Or(roles[a.cfg.NodeName], "none")
+	if vs, ok := a.store.Voters(); ok {
+		ri.Autopilot, ri.Healthy, ri.FailureTolerance = true, vs.Healthy, vs.FailureTolerance
+		for _, s := range vs.Servers {
+			if !s.Healthy {
+				ri.Unhealthy = append(ri.Unhealthy, s.Name)
+			}
+		}
+		ri.VoterChanges, ri.LastChange = a.store.VoterChanges(), vs.LastPromotion
+	}
+	return ri, roles
 }

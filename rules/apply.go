@@ -321,7 +321,7 @@ func (c *RegisterNode) apply(s *State) (Result, error) {
 			}
 			n.HostPriority = info.HostPriority
 		}
-		n.HeartbeatAddr, n.APIAddr, n.CommandLevel = info.HeartbeatAddr, info.APIAddr, info.CommandLevel
+		n.HeartbeatAddr, n.APIAddr, n.CommandLevel, n.Zone = info.HeartbeatAddr, info.APIAddr, info.CommandLevel, info.Zone
 		return Result{NodeID: n.ID}, nil
 	}
 	for i := range s.Nodes {

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +46,51 @@ type testNode struct {
 	lastID   filter.NodeID // the id the node had when it stopped
 	store    *Store
 	srv      *http.Server
+	live     atomic.Pointer[Store] // store while it runs, for the fleet's health
+}
+
+// testVoters replaces dead voters within seconds.
+var testVoters = VoterPolicy{DeadAfter: time.Second, Stable: time.Second, Contact: 500 * time.Millisecond, Interval: 200 * time.Millisecond}
+
+// fleet stands in for the heartbeats of each test's nodes: a member is
+// live, and caught up as far as its store says, while its test node runs.
+var fleet = struct {
+	sync.Mutex
+	nodes map[testing.TB]map[string]*testNode
+}{nodes: map[testing.TB]map[string]*testNode{}}
+
+func enlist(n *testNode) {
+	fleet.Lock()
+	defer fleet.Unlock()
+	if fleet.nodes[n.t] == nil {
+		fleet.nodes[n.t] = map[string]*testNode{}
+		n.t.Cleanup(func() {
+			fleet.Lock()
+			delete(fleet.nodes, n.t)
+			fleet.Unlock()
+		})
+	}
+	fleet.nodes[n.t][n.name] = n
+}
+
+// fleetHealth is node n's PeerHealth source.
+func (n *testNode) fleetHealth(s *Store) func() map[filter.NodeID]PeerHealth {
+	return func() map[filter.NodeID]PeerHealth {
+		out := map[filter.NodeID]PeerHealth{}
+		for _, m := range s.State().Nodes {
+			fleet.Lock()
+			peer := fleet.nodes[n.t][m.Name]
+			fleet.Unlock()
+			h := PeerHealth{LastHeard: time.Hour}
+			if peer != nil {
+				if ps := peer.live.Load(); ps != nil {
+					h = PeerHealth{Live: true, RulesIndex: ps.State().Index}
+				}
+			}
+			out[m.ID] = h
+		}
+		return out
+	}
 }
 
 func newTestNode(t testing.TB, name string) *testNode {
@@ -72,6 +119,7 @@ func (n *testNode) start(bootstrap bool) {
 		TLS:           n.certs,
 		Bootstrap:     bootstrap,
 		Timing:        n.timing,
+		Voters:        testVoters,
 		NoSync:        n.noSync,
 		Logger:        slog.New(slog.DiscardHandler),
 	})
@@ -80,6 +128,9 @@ func (n *testNode) start(bootstrap bool) {
 		n.t.Fatalf("%s: open: %v", n.name, err)
 	}
 	n.store = s
+	s.SetPeerHealth(n.fleetHealth(s))
+	enlist(n)
+	n.live.Store(s)
 	n.raftAddr = s.RaftAddr()
 	n.srv = peer.NewServer(s.PeerHandler(), "peer", nil)
 	go n.srv.Serve(peer.Listener(ln, s.TLS(), nil))
@@ -103,6 +154,7 @@ func (n *testNode) stop() {
 	if me := n.store.State().NodeByName(n.name); me != nil {
 		n.lastID = me.ID
 	}
+	n.live.Store(nil)
 	n.srv.Close()
 	if err := n.store.Close(); err != nil {
 		n.t.Errorf("%s: close: %v", n.name, err)
@@ -772,5 +824,109 @@ func TestTimingValidate(t *testing.T) {
 				t.Errorf("error %v is not ErrInvalid", err)
 			}
 		})
+	}
+}
+
+// TestAutopilotReplacesDeadVoters: two voters die at once (the leader one
+// of them); the rules stay writable, the dead are demoted and two healthy
+// non-voters promoted, so two more may die; a dead voter that comes back
+// rejoins as a non-voter.
+func TestAutopilotReplacesDeadVoters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("8-node cluster; skipped with -short")
+	}
+	nodes := newCluster(t, 8)
+	mustApply(t, nodes[0], &PutVIP{VIP: vip1})
+	running := func() []*testNode {
+		var out []*testNode
+		for _, n := range nodes {
+			if n.store != nil {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	// votersOf: the voters in the configuration as a running node sees it.
+	votersOf := func() (map[string]bool, error) {
+		leader, _ := leaderOf(t, running())
+		ms, err := leader.store.Members()
+		if err != nil {
+			return nil, err
+		}
+		v := map[string]bool{}
+		for _, m := range ms {
+			if m.Voter {
+				v[m.Name] = true
+			}
+		}
+		return v, nil
+	}
+	// fiveLive waits for five voters, every one of them running.
+	fiveLive := func(what string) map[string]bool {
+		var v map[string]bool
+		poll(t, 15*time.Second, what, func() error {
+			var err error
+			if v, err = votersOf(); err != nil {
+				return err
+			}
+			for _, n := range nodes {
+				if v[n.name] && n.store == nil {
+					return fmt.Errorf("voters %v include %s, which is down", v, n.name)
+				}
+			}
+			if len(v) != MaxVoters {
+				return fmt.Errorf("voters %v, want %d", v, MaxVoters)
+			}
+			return nil
+		})
+		return v
+	}
+	port := uint16(1000)
+	write := func(what string) {
+		t.Helper()
+		port++
+		start := time.Now()
+		_, err := running()[0].store.Apply(testCtx(t, 10*time.Second), putRule(port))
+		if err != nil {
+			t.Fatalf("%s: write: %v", what, err)
+		}
+		t.Logf("%s: written in %v", what, time.Since(start).Round(time.Millisecond))
+	}
+	for round := 1; round <= 2; round++ {
+		v := fiveLive(fmt.Sprintf("round %d: five live voters", round))
+		leader, _ := leaderOf(t, running())
+		var killed []*testNode
+		killed = append(killed, leader)
+		for _, n := range nodes {
+			if v[n.name] && n != leader && len(killed) < 2 {
+				killed = append(killed, n)
+			}
+		}
+		for _, n := range killed {
+			n.stop()
+		}
+		write(fmt.Sprintf("round %d: %s and %s dead", round, killed[0].name, killed[1].name))
+		after := fiveLive(fmt.Sprintf("round %d: the dead voters replaced", round))
+		for _, n := range killed {
+			if after[n.name] {
+				t.Errorf("round %d: %s is dead and still a voter", round, n.name)
+			}
+		}
+		write(fmt.Sprintf("round %d: after the replacement", round))
+		if round == 1 {
+			// One of the dead comes back: a non-voter, and no election.
+			back := killed[1]
+			leaderBefore, _ := leaderOf(t, running())
+			term := leaderBefore.store.raft.CurrentTerm()
+			back.start(false)
+			waitConverged(t, running())
+			time.Sleep(3 * testVoters.Interval)
+			if v, err := votersOf(); err != nil || v[back.name] {
+				t.Errorf("%s came back as a voter (%v, %v); want a non-voter", back.name, v, err)
+			}
+			if now := leaderBefore.store.raft.CurrentTerm(); !leaderBefore.store.IsLeader() || now != term {
+				t.Errorf("%s's return disturbed the leader: term %d -> %d", back.name, term, now)
+			}
+		}
 	}
 }

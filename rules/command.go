@@ -87,13 +87,17 @@ var commandTable = map[CommandType]func() Command{
 // added later gets the next level in commandSince, and the leader proposes
 // it only once every registered node reports that level, so no replica
 // meets an entry it cannot decode during a rolling upgrade.
-const CommandLevel = 3
+const CommandLevel = 4
 
 // commandSince is the level each command type needs; types not listed
 // need level 1.
 var commandSince = map[CommandType]int{
 	TypeSetMACMode: 2,
 }
+
+// zoneLevel is the level a registration with a zone needs (NodeInfo.Zone:
+// replicas below it refuse the field).
+const zoneLevel = 4
 
 // entryHeader is the size of a log entry's header: the type tag, the
 // payload version and the request id.

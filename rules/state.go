@@ -43,6 +43,10 @@ type NodeInfo struct {
 	// 0 stands for 1 (and is what nodes at level 1 send, so older
 	// replicas, which do not know the field, still decode the entry).
 	CommandLevel int `json:",omitempty"`
+	// Zone names where the node is (a rack, a room): the Raft voters are
+	// spread over zones, so that one lost zone takes as few as can be.
+	// Empty: no zone. Registered at command level 4.
+	Zone string `json:",omitempty"`
 }
 
 // level returns the command level the node reports.
@@ -54,6 +58,9 @@ func (s *State) CheckSupported(cmd Command) error {
 	need := max(1, commandSince[cmd.Type()])
 	if m, ok := cmd.(*SetMACMode); ok && m.Mode == MACRouted {
 		need = max(need, 3) // a member below level 3 would refuse the mode and diverge
+	}
+	if r, ok := cmd.(*RegisterNode); ok && r.Info.Zone != "" {
+		need = max(need, zoneLevel)
 	}
 	for i := range s.Nodes {
 		if n := &s.Nodes[i]; n.level() < need {
@@ -251,6 +258,9 @@ func (s Settings) check() error {
 func (ni *NodeInfo) check() error {
 	if err := checkNodeName(ni.Name); err != nil {
 		return err
+	}
+	if err := CheckZone(ni.Zone); err != nil {
+		return fmt.Errorf("node %s: %w", ni.Name, err)
 	}
 	if ni.HostPriority < 0 || ni.HostPriority > MaxHostPriority {
 		return fmt.Errorf("%w: node %s: host priority %d is outside 1-%d", ErrInvalid, ni.Name, ni.HostPriority, MaxHostPriority)

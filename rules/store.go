@@ -106,6 +106,7 @@ type StoreConfig struct {
 	HeartbeatAddr string // registered for this node (bootstrap; default for Join)
 	APIAddr       string // this node's peer API, where others forward to
 	HostPriority  int    // registered at bootstrap; 0: the lowest free
+	Zone          string // where the node is (NodeInfo.Zone); registered at bootstrap and join
 	// TLS is the node's certificate and trusted CAs for Raft and the peer
 	// API; nil: derived from Key (the 32-byte cluster key) for NodeName
 	// and the node's addresses.
@@ -116,6 +117,7 @@ type StoreConfig struct {
 	// state; with existing state the node restarts from it either way.
 	Bootstrap    bool
 	Timing       Timing        // zero: DefaultTiming
+	Voters       VoterPolicy   // zero: DefaultVoterPolicy
 	ApplyTimeout time.Duration // zero: DefaultApplyTimeout
 	Logger       *slog.Logger  // nil: slog.Default()
 	// Settings a bootstrapped cluster starts with; zero fields take
@@ -140,6 +142,9 @@ type Store struct {
 	trans  *raft.NetworkTransport
 	bolt   *raftboltdb.BoltStore
 	client *http.Client
+
+	apFields
+	votersChanged atomic.Uint64 // promotions and demotions made as leader
 
 	readyTerm atomic.Uint64 // the term leaderReady last caught up in
 	closing   atomic.Bool   // Close began: raft's complaints are expected
@@ -182,6 +187,9 @@ func Open(cfg StoreConfig) (*Store, error) {
 	}
 	if cfg.ApplyTimeout == 0 {
 		cfg.ApplyTimeout = DefaultApplyTimeout
+	}
+	if cfg.Voters == (VoterPolicy{}) {
+		cfg.Voters = DefaultVoterPolicy()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -263,6 +271,8 @@ func (s *Store) open() error {
 		return fmt.Errorf("start raft: %w", err)
 	}
 	s.raft = r
+	s.bg.Add(1)
+	go s.runAutopilot()
 	if cfg.Timing.SettledHeartbeatTimeout != 0 {
 		s.bg.Add(1)
 		go s.settle()
@@ -431,6 +441,9 @@ func (s *Store) selfInfo(me NodeInfo) NodeInfo {
 	if me.APIAddr == "" {
 		me.APIAddr = s.cfg.APIAddr
 	}
+	if me.Zone == "" {
+		me.Zone = s.cfg.Zone
+	}
 	if CommandLevel > 1 {
 		me.CommandLevel = CommandLevel
 	}
@@ -572,10 +585,6 @@ func (s *Store) leaderReady(ctx context.Context) error {
 		return err
 	}
 	s.readyTerm.Store(term)
-	// A leader that removed itself left no one to fill its voting seat.
-	if err := s.promoteNonvoter(ctx); err != nil {
-		s.log.Warn("promote a non-voter", "err", err)
-	}
 	return nil
 }
 
@@ -928,37 +937,7 @@ func (s *Store) removeAsLeader(ctx context.Context, id filter.NodeID, reqID uint
 	if err != nil {
 		return res, err
 	}
-	if err := s.promoteNonvoter(ctx); err != nil {
-		s.log.Warn("promote a non-voter after a removal", "err", err)
-	}
 	return res, nil
-}
-
-// promoteNonvoter makes a non-voter a voter while there are fewer than
-// MaxVoters, so removing a voter does not leave the cluster weaker than it
-// could be. The first non-voter in the configuration goes first.
-func (s *Store) promoteNonvoter(ctx context.Context) error {
-	cf := s.raft.GetConfiguration()
-	if err := cf.Error(); err != nil {
-		return err
-	}
-	voters := 0
-	var candidate *raft.Server
-	for _, srv := range cf.Configuration().Servers {
-		if srv.Suffrage == raft.Voter {
-			voters++
-		} else if candidate == nil && srv.Suffrage == raft.Nonvoter {
-			candidate = &srv
-		}
-	}
-	if voters >= MaxVoters || candidate == nil {
-		return nil
-	}
-	if err := waitFuture(ctx, s.raft.AddVoter(candidate.ID, candidate.Address, 0, 0)); err != nil {
-		return fmt.Errorf("promote %s: %w", candidate.ID, err)
-	}
-	s.log.Info("promoted non-voter", "node", candidate.ID)
-	return nil
 }
 
 // Close stops Raft and closes the transport and storage. The local state
@@ -1048,14 +1027,15 @@ func (s *Store) Halted() (Halt, bool) { return s.fsm.halted() }
 
 // ReportCommandLevel re-registers this node when the registry holds a lower
 // command level than this build's (the node was upgraded), so new command
-// types become usable once every node has been.
+// types become usable once every node has been, or another zone than the
+// configured one.
 func (s *Store) ReportCommandLevel(ctx context.Context) error {
 	n := s.fsm.current().NodeByName(s.cfg.NodeName)
-	if n == nil || n.level() >= CommandLevel {
+	if n == nil || n.level() >= CommandLevel && n.Zone == s.cfg.Zone {
 		return nil
 	}
 	info := n.NodeInfo
-	info.CommandLevel = CommandLevel
+	info.CommandLevel, info.Zone = CommandLevel, s.cfg.Zone
 	_, err := s.Apply(ctx, &RegisterNode{Info: info})
 	return err
 }

@@ -23,7 +23,10 @@ import (
 // Config is an agent's configuration, read from a YAML file, then the
 // environment (SHOAL_<FIELD>), then flags, each overriding the last.
 type Config struct {
-	NodeName        string        `yaml:"node_name"`
+	NodeName string `yaml:"node_name"`
+	// Zone says where the node is (a rack, a room; optional): the Raft
+	// voters are spread over zones.
+	Zone            string        `yaml:"zone"`
 	Interface       string        `yaml:"interface"`
 	VIPs            VIPList       `yaml:"vips"`
 	DataDir         string        `yaml:"data_dir"`
@@ -177,6 +180,7 @@ func (c *Config) fields() []field {
 	str := func(p *string) func(string) error { return func(v string) error { *p = v; return nil } }
 	return []field{
 		{"node_name", str(&c.NodeName)},
+		{"zone", str(&c.Zone)},
 		{"interface", str(&c.Interface)},
 		{"vips", func(v string) error {
 			c.VIPs = nil
@@ -292,6 +296,9 @@ func (c *Config) Validate() error {
 	}
 	if err := rules.CheckNodeName(c.NodeName); err != nil {
 		bad("node_name", "%v", err)
+	}
+	if err := rules.CheckZone(c.Zone); err != nil {
+		bad("zone", "%v", err)
 	}
 	if t := c.TLS; (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "") && (t.CAFile == "" || t.CertFile == "" || t.KeyFile == "") {
 		bad("tls", "set all of ca_file, cert_file and key_file (operator CA), or none (a CA derived from the cluster key)")

@@ -52,6 +52,26 @@ type Status struct {
 	Stalls uint64 `json:"stalls"`
 	// BGP is this node's speaker (routed mode); nil without one.
 	BGP *BGPInfo `json:"bgp,omitempty"`
+	// Raft is this node's place in Raft and, on the leader, the voters'
+	// health as its autopilot sees it.
+	Raft RaftInfo `json:"raft"`
+}
+
+// RaftInfo is a node's place in Raft. The leader runs the autopilot that
+// keeps five voters (rules.VoterPolicy) and adds what it knows: the
+// members' health, how many voters may fail with the rules still
+// writable, and the last vote it gave or took.
+type RaftInfo struct {
+	Role      string `json:"role"` // leader, voter, non-voter, or none (not in the configuration)
+	Voters    int    `json:"voters"`
+	NonVoters int    `json:"non_voters"`
+	// Leader only (Autopilot false elsewhere).
+	Autopilot        bool             `json:"autopilot"`
+	Healthy          bool             `json:"healthy,omitempty"` // every member healthy
+	FailureTolerance int              `json:"failure_tolerance,omitempty"`
+	Unhealthy        []string         `json:"unhealthy,omitempty"` // members the autopilot finds unhealthy
+	VoterChanges     uint64           `json:"voter_changes,omitempty"`
+	LastChange       *rules.Promotion `json:"last_change,omitempty"`
 }
 
 // ViewInfo is the membership view a node acts on.
@@ -73,6 +93,9 @@ type Query struct {
 	Settings   SettingInfo `json:"settings"`
 	// BGP is the asked node's speaker (routed mode); nil without one.
 	BGP *BGPInfo `json:"bgp,omitempty"`
+	// Raft is the asked node's place in Raft (and, asked of the leader,
+	// the voters' health).
+	Raft RaftInfo `json:"raft"`
 	// Forwarding is what the asked node forwarded to and received from
 	// each peer (routed mode); nil in the other modes.
 	Forwarding *ForwardInfo `json:"forwarding,omitempty"`
@@ -140,6 +163,10 @@ type NodeInfo struct {
 	Share         map[filter.RuleID]float64 `json:"share"`
 	HeartbeatAddr string                    `json:"heartbeat_addr"`
 	APIAddr       string                    `json:"api_addr"`
+	// Raft: leader, voter, non-voter, or none (not in the configuration);
+	// Zone: where it is, as registered.
+	Raft string `json:"raft"`
+	Zone string `json:"zone,omitempty"`
 }
 
 // RuleInfo is one port rule with every node's settings for it.

@@ -28,6 +28,7 @@ type collector struct {
 	dpFailures, dpHealthy                              *prometheus.Desc
 	bgpSession, bgpBFD, bgpAnnounced, bgpEvents        *prometheus.Desc
 	forwarded, forwardDrops, ruleForward               *prometheus.Desc
+	raftVoter, raftVoters, raftTolerance, raftChanges  *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -59,12 +60,18 @@ func newCollector(src Source) *collector {
 		forwarded:    d("forwarded_packets_total", "Routed mode: VIP packets forwarded to a peer (direction out: to the bucket's owner; second_chance: to a previous owner that may hold the connection) or received from it (in).", "peer", "direction"),
 		forwardDrops: d("forward_drops_total", "Routed mode: packets not forwarded or not taken: foreign (forwarded here by no member), no_route (no next hop's MAC), hop_limit, too_big (over the MTU once encapsulated).", "reason"),
 		ruleForward:  d("packets_forwarded_total", "Routed mode: VIP packets this node did not take and forwarded, by rule.", "rule"),
+
+		raftVoter:     d("raft_voter", "1 while this node votes in Raft (the leader included)."),
+		raftVoters:    d("raft_members", "Raft members by suffrage (voter, nonvoter), as this node knows the configuration.", "suffrage"),
+		raftTolerance: d("raft_failure_tolerance", "Leader only: voters that may fail with the rules still writable, as its autopilot sees their health."),
+		raftChanges:   d("raft_voter_changes_total", "Leader only: promotions and demotions its autopilot made (a dead voter replaced, a surplus demoted)."),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.handed, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy,
-		c.bgpSession, c.bgpBFD, c.bgpAnnounced, c.bgpEvents, c.forwarded, c.forwardDrops, c.ruleForward} {
+		c.bgpSession, c.bgpBFD, c.bgpAnnounced, c.bgpEvents, c.forwarded, c.forwardDrops, c.ruleForward,
+		c.raftVoter, c.raftVoters, c.raftTolerance, c.raftChanges} {
 		ch <- d
 	}
 }
@@ -107,6 +114,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for ev, n := range p.NDP {
 		counter(c.ndp, n, ev)
+	}
+	gauge(c.raftVoter, b2f(st.Raft.Role == "leader" || st.Raft.Role == "voter"))
+	gauge(c.raftVoters, float64(st.Raft.Voters), "voter")
+	gauge(c.raftVoters, float64(st.Raft.NonVoters), "nonvoter")
+	if st.Raft.Autopilot {
+		gauge(c.raftTolerance, float64(st.Raft.FailureTolerance))
+		counter(c.raftChanges, st.Raft.VoterChanges)
 	}
 	gauge(c.converged, b2f(st.Converged))
 	gauge(c.healthy, b2f(st.Healthy))

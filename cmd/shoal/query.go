@@ -57,19 +57,24 @@ func printQuery(w io.Writer, q *control.Query) {
 	}
 	fmt.Fprintf(w, "cluster %08x, %s, rules index %d, leader %s (asked %s)\n", q.Settings.ClusterID, state, q.RulesIndex, orNone(q.Leader), q.Self)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprint(tw, "ID\tNODE\tPRIO\tADMIN\tLIVE\tHEALTHY\tELIGIBLE")
+	fmt.Fprint(tw, "ID\tNODE\tPRIO\tADMIN\tLIVE\tHEALTHY\tELIGIBLE\tRAFT")
 	for _, r := range q.Rules {
 		fmt.Fprintf(tw, "\tRULE %d", r.ID)
 	}
 	fmt.Fprintln(tw, "\tDEFAULT")
 	for _, n := range q.Nodes {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s", n.ID, n.Name, n.HostPriority, n.Admin, yes(n.Live), yes(n.Healthy), yes(n.Eligible))
+		raft := n.Raft
+		if n.Zone != "" {
+			raft += " (" + n.Zone + ")"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s", n.ID, n.Name, n.HostPriority, n.Admin, yes(n.Live), yes(n.Healthy), yes(n.Eligible), raft)
 		for _, r := range q.Rules {
 			fmt.Fprintf(tw, "\t%.1f%%", 100*n.Share[r.ID])
 		}
 		fmt.Fprintf(tw, "\t%.0f%%\n", 100*n.Share[0])
 	}
 	tw.Flush()
+	printRaft(w, q.Raft, q.Leader)
 	if len(q.Rules) > 0 {
 		fmt.Fprintln(w)
 		printRules(w, q.Rules)
@@ -212,4 +217,27 @@ func printFlow(w io.Writer, f *control.Flow) {
 			fmt.Fprintf(w, "  %s down -> %s\n", d, orNone(f.IfDown[d]))
 		}
 	}
+}
+
+// printRaft says how many vote and, asked of the leader, how healthy they
+// are and the last vote its autopilot gave or took.
+func printRaft(w io.Writer, r control.RaftInfo, leader string) {
+	fmt.Fprintf(w, "raft: %d voters, %d non-voters", r.Voters, r.NonVoters)
+	if !r.Autopilot {
+		fmt.Fprintf(w, "; the leader (%s) keeps five voters and knows their health: ask it\n", orNone(leader))
+		return
+	}
+	health := "every member healthy"
+	if !r.Healthy {
+		health = "unhealthy: " + strings.Join(r.Unhealthy, ", ")
+	}
+	fmt.Fprintf(w, "; %s; %d voters may fail with the rules still writable", health, r.FailureTolerance)
+	if c := r.LastChange; c != nil {
+		what := "promoted " + c.Promoted
+		if c.Demoted != "" {
+			what = "demoted " + c.Demoted
+		}
+		fmt.Fprintf(w, "; last change %s, %s", c.At.Format("2006-01-02 15:04:05"), what)
+	}
+	fmt.Fprintln(w)
 }
