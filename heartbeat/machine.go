@@ -439,7 +439,11 @@ func (m *Machine[S]) kept(p *peer, now time.Time) bool {
 }
 
 // SetLocal sets what this node advertises about itself. l.Draining is kept,
-// not copied.
+// not copied. Only a change of what recompute reads (admin state, health,
+// rules, seed, leaving, restart window) recomputes: the agent sets its
+// local state before every step, and at 64 nodes a recompute after each of
+// the 840 heartbeats a second was most of an idle node's machine time
+// (bench/scale.sh).
 func (m *Machine[S]) SetLocal(now time.Time, l Local) {
 	old := m.local
 	m.local = l
@@ -452,8 +456,8 @@ func (m *Machine[S]) SetLocal(now time.Time, l Local) {
 		if l.RestartWindow <= 0 {
 			m.restartSeq = 0
 		}
+		m.recompute(now)
 	}
-	m.recompute(now)
 }
 
 // SetPeers sets the node registry: each peer's id and the address its

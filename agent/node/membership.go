@@ -91,6 +91,7 @@ type hbLink interface {
 // Interrupt, which every other source of work calls after handing it over.
 type receiver interface {
 	Receive() (*heartbeat.Message, netip.AddrPort, error)
+	ReceiveQueued() (*heartbeat.Message, netip.AddrPort, bool)
 	SetReceiveDeadline(t time.Time) error
 	Interrupt()
 }
@@ -338,6 +339,15 @@ func (m *membership) run(ctx context.Context) error {
 			switch {
 			case err == nil:
 				m.receive(msg, from)
+				// Peers send in step: take what arrived meanwhile before
+				// stepping once for all of it.
+				for range maxBatch {
+					msg, from, ok := m.in.ReceiveQueued()
+					if !ok {
+						break
+					}
+					m.receive(msg, from)
+				}
 			case errors.Is(err, os.ErrDeadlineExceeded):
 			case errors.Is(err, net.ErrClosed):
 				if ctx.Err() != nil {
@@ -352,6 +362,10 @@ func (m *membership) run(ctx context.Context) error {
 		m.probeSuspects(ctx)
 	}
 }
+
+// maxBatch bounds the heartbeats taken before a step: a flood of them
+// does not hold off the send and the deadlines.
+const maxBatch = 256
 
 func (m *membership) receive(msg *heartbeat.Message, from netip.AddrPort) {
 	if m.plugged {

@@ -54,7 +54,9 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	if o.ReadyTimeout == 0 {
-		o.ReadyTimeout = 30 * time.Second
+		// A cluster converges in about a round trip per view, but a bigger
+		// one shares the machine's cores among more agents.
+		o.ReadyTimeout = max(30*time.Second, time.Duration(o.Nodes)*time.Second)
 	}
 	if o.Binary == "" {
 		if o.Binary, err = os.Executable(); err != nil {
@@ -343,9 +345,17 @@ func (l *Lab) startCluster(ctx context.Context, period time.Duration, parallel b
 	return nil
 }
 
+// pollEvery is how often the lab asks every agent for its status while it
+// waits: 50 ms, and 10 ms more per node past five, so that the asking (an
+// HTTP request to every agent) stays a small part of a big lab's work
+// instead of hundreds of requests a second on the cores the agents share.
+func (l *Lab) pollEvery() time.Duration {
+	return 50*time.Millisecond + time.Duration(max(0, len(l.Nodes)-5))*10*time.Millisecond
+}
+
 // waitConverged waits until nodes have converged on a view of them all.
 func (l *Lab) waitConverged(ctx context.Context, nodes []Host, timeout time.Duration) error {
-	if err := Poll(ctx, timeout, 50*time.Millisecond, func() error {
+	if err := Poll(ctx, timeout, l.pollEvery(), func() error {
 		if err := l.agentsAlive(); err != nil {
 			return err
 		}
@@ -466,7 +476,7 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 		if _, err := l.ctl.Run(ctx, l.Nodes[0].Socket, "settings", "set", "--mac-mode", "igmp"); err != nil {
 			return fmt.Errorf("lab: igmp mode: %w", err)
 		}
-		if err := Poll(ctx, timeout, 50*time.Millisecond, func() error { return l.SnoopByMAC(ctx) }); err != nil {
+		if err := Poll(ctx, timeout, l.pollEvery(), func() error { return l.SnoopByMAC(ctx) }); err != nil {
 			return fmt.Errorf("lab: igmp mode: %w", err)
 		}
 	}
@@ -479,7 +489,7 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	if err := Poll(ctx, timeout, 50*time.Millisecond, func() error {
+	if err := Poll(ctx, timeout, l.pollEvery(), func() error {
 		st, err := l.Statuses(ctx, l.Nodes)
 		if err != nil {
 			return err
@@ -505,7 +515,7 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 		// BFD session comes up (GoBGP resets BGP on the router's first
 		// down or admin-down), and is back after the 3 s connect retry.
 		var since time.Time
-		if err := Poll(ctx, timeout, 50*time.Millisecond, func() error {
+		if err := Poll(ctx, timeout, l.pollEvery(), func() error {
 			for _, vip := range l.VIPs() {
 				want := l.NodeAddrsFor(vip)
 				hops, err := l.NextHops(ctx, vip)
