@@ -477,7 +477,7 @@ func peerHealth(s *node.Snap, now time.Time) map[filter.NodeID]rules.PeerHealth 
 	peers := s.Heartbeat().Peers
 	out := make(map[filter.NodeID]rules.PeerHealth, len(peers))
 	for _, p := range peers {
-		h := rules.PeerHealth{Live: p.Live, RulesIndex: p.RulesIndex, LastHeard: time.Duration(1<<62)}
+		h := rules.PeerHealth{Live: p.Live, RulesIndex: p.RulesIndex, LastHeard: time.Duration(1 << 62)}
 		if !p.LastHeard.IsZero() {
 			h.LastHeard = now.Sub(p.LastHeard)
 		}

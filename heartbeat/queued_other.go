@@ -8,4 +8,6 @@ import (
 )
 
 // readQueued: elsewhere every heartbeat is read by a blocking Receive.
-func readQueued(net.PacketConn, []byte) (int, netip.AddrPort, bool) { return 0, netip.AddrPort{}, false }
+func readQueued(net.PacketConn, []byte) (int, netip.AddrPort, bool) {
+	return 0, netip.AddrPort{}, false
+}
