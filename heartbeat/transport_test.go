@@ -3,9 +3,11 @@ package heartbeat
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"syscall"
@@ -275,5 +277,56 @@ func TestTransportReopensAFailedSocket(t *testing.T) {
 	}
 	if _, _, err := tr.Receive(); !errors.Is(err, net.ErrClosed) || len(reopened) != 1 {
 		t.Fatalf("receive after close: %v (reopened %d times), want net.ErrClosed and no reopen", err, len(reopened))
+	}
+}
+
+// TestTransportReceiveQueued: the heartbeats already waiting are taken
+// without waiting, rejected ones skipped and counted, and none waiting
+// says so at once.
+func TestTransportReceiveQueued(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("queued reads are Linux's (MSG_DONTWAIT)")
+	}
+	tr, err := Listen("127.0.0.1:0", 7, simRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	c, err := net.Dial("udp", tr.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for seq := uint64(1); seq <= 3; seq++ {
+		b, _ := Encode(&Message{ClusterID: 7, Node: 9, Incarnation: 1, Seq: seq}, simRing)
+		if seq == 2 {
+			c.Write([]byte{1, 2, 3}) // truncated: skipped
+		}
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr.SetReceiveDeadline(time.Now().Add(5 * time.Second))
+	first, from, err := tr.Receive()
+	if err != nil || first.Seq != 1 {
+		t.Fatalf("Receive: %v %v", first, err)
+	}
+	var seqs []uint64
+	for {
+		msg, qfrom, ok := tr.ReceiveQueued()
+		if !ok {
+			break
+		}
+		if qfrom != from {
+			t.Errorf("queued heartbeat from %v, the first from %v", qfrom, from)
+		}
+		seqs = append(seqs, msg.Seq)
+	}
+	if fmt.Sprint(seqs) != "[2 3]" || tr.Stats().Rejected[ReasonTruncated] != 1 {
+		t.Errorf("queued %v, truncated %d; want [2 3] and 1", seqs, tr.Stats().Rejected[ReasonTruncated])
+	}
+	start := time.Now()
+	if _, _, ok := tr.ReceiveQueued(); ok || time.Since(start) > 100*time.Millisecond {
+		t.Errorf("with nothing queued: ok %v after %v; want false at once", ok, time.Since(start))
 	}
 }
