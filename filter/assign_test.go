@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -353,6 +354,34 @@ func BenchmarkAssignFewEligible(b *testing.B) {
 					Assign(c, ids(up))
 				}
 			})
+		}
+	}
+}
+
+// TestRadixSort: the same order as slices.Sort, for keys shaped like
+// spread's (score, bucket, candidate) and for random ones, short and long.
+func TestRadixSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tmp []uint64
+	for _, n := range []int{0, 1, 255, 256, 1000, 4096 * 3} {
+		for _, shaped := range []bool{false, true} {
+			keys := make([]uint64, n)
+			for i := range keys {
+				if shaped {
+					keys[i] = uint64(rng.Uint32())<<32 | uint64(rng.IntN(NumBuckets))<<16 | uint64(rng.IntN(64))
+				} else {
+					keys[i] = rng.Uint64()
+				}
+			}
+			if n > 10 {
+				keys[3] = keys[7] // duplicates
+			}
+			want := slices.Clone(keys)
+			slices.Sort(want)
+			tmp = radixSort(keys, tmp)
+			if !slices.Equal(keys, want) {
+				t.Errorf("n %d shaped %v: radix order differs from slices.Sort", n, shaped)
+			}
 		}
 	}
 }
