@@ -13,12 +13,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -205,7 +207,7 @@ func (l *Lab) addNamespace(ctx context.Context, ns string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := ip(ctx, "netns", "add", ns); err != nil {
+	if err := l.createNamespace(ctx, ns); err != nil {
 		// Not made by us (it may be another lab's that drew the same id):
 		// forget it so Down does not delete it.
 		l.mu.Lock()
@@ -228,6 +230,65 @@ func (l *Lab) addNamespace(ctx context.Context, ns string) error {
 	return err
 }
 
+// childEhash is the size of the TCP established-socket hash table each
+// node and client namespace gets. Without one of its own, a namespace
+// shares the host's (262,144 buckets on this kind of machine), and every
+// socket scan of an agent (sock_diag, at each view change and every 100 ms
+// while buckets drain) walks all of it: with 32 agents on one machine the
+// scans were 15% of the CPU of a view-change storm. A real node has one
+// agent per host and table; the lab's agents no longer share theirs.
+const childEhash = "1024"
+
+// createNamespace makes ns. Hosts' namespaces are made from the switch's
+// namespace, whose net.ipv4.tcp_child_ehash_entries gives them a TCP hash
+// table of their own (Linux 6.1 and later; elsewhere, or for the switch
+// itself, `ip netns add` as before).
+func (l *Lab) createNamespace(ctx context.Context, ns string) error {
+	if ns == l.Switch || !l.childEhash {
+		_, err := ip(ctx, "netns", "add", ns)
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// The thread enters the switch's namespace, makes ns there and
+		// leaves: it is not handed back to the runtime meanwhile.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		sw, err := netns.GetFromName(l.Switch)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer sw.Close()
+		if err := netns.Set(sw); err != nil {
+			errc <- err
+			return
+		}
+		made, err := netns.NewNamed(ns)
+		if err == nil {
+			made.Close()
+		}
+		if serr := netns.Set(orig); serr != nil {
+			// The thread is in the wrong namespace: it must not run
+			// anything else; leaving it locked ends it with the goroutine.
+			runtime.LockOSThread()
+			errc <- errors.Join(err, serr)
+			return
+		}
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("lab: namespace %s: %w", ns, err)
+	}
+	return nil
+}
+
 // sysctlIn sets /proc/sys/<key> in namespace ns.
 func sysctlIn(ctx context.Context, ns, key, value string) error {
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sh", "-c", `echo "$1" > "/proc/sys/$2"`, "sh", value, key)
@@ -242,6 +303,7 @@ func (l *Lab) network(ctx context.Context) error {
 	if err := l.addNamespace(ctx, l.Switch); err != nil {
 		return err
 	}
+	l.childEhash = sysctlIn(ctx, l.Switch, "net/ipv4/tcp_child_ehash_entries", childEhash) == nil
 	// Multicast mode: snooping off, the bridge floods frames to the cluster
 	// MAC to every port, whatever it learned of multicast groups. Igmp
 	// mode: snooping and a querier on (see snoopingBridge).

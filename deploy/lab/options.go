@@ -55,6 +55,9 @@ type Lab struct {
 	// orphan marks a lab opened without its state file: Down then also
 	// looks for its namespaces by prefix.
 	orphan bool
+	// childEhash: the switch's namespace gives the hosts' namespaces a TCP
+	// hash table of their own (see createNamespace).
+	childEhash bool
 
 	mu    sync.Mutex
 	waits map[int]chan struct{} // closed when a child started by this process exits
