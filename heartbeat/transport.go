@@ -16,8 +16,11 @@ type Stats struct {
 	Sent       uint64 // datagrams sent
 	SendErrors uint64 // datagrams the socket refused
 	Received   uint64 // datagrams read
-	Accepted   uint64 // heartbeats handed on (decoded and authenticated)
-	Reopens    uint64 // sockets reopened after a read failed
+	// ReceivedBytes and SentBytes: their payloads (UDP), for the cost a
+	// node pays as the cluster grows (bench/scale.sh).
+	ReceivedBytes, SentBytes uint64
+	Accepted                 uint64 // heartbeats handed on (decoded and authenticated)
+	Reopens                  uint64 // sockets reopened after a read failed
 	// Rejected counts dropped heartbeats by reason: the codec's, and the
 	// machine's (stale, unknown node, self) as reported through Reject.
 	Rejected [NumReasons]uint64
@@ -48,6 +51,7 @@ type Transport struct {
 	reopened time.Time                      // when the socket was last replaced
 
 	sent, sendErrors, received, accepted, reopens atomic.Uint64
+	receivedBytes, sentBytes                      atomic.Uint64
 	rejected                                      [NumReasons]atomic.Uint64
 }
 
@@ -125,6 +129,7 @@ func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
 			continue
 		}
 		t.sent.Add(1)
+		t.sentBytes.Add(uint64(len(b)))
 	}
 	return errors.Join(errs...)
 }
@@ -172,6 +177,7 @@ func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
 			continue
 		}
 		t.received.Add(1)
+		t.receivedBytes.Add(uint64(n))
 		msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
 		if err != nil {
 			t.Reject(ReasonOf(err))
@@ -203,6 +209,7 @@ func (t *Transport) ReceiveQueued() (*Message, netip.AddrPort, bool) {
 			return nil, netip.AddrPort{}, false
 		}
 		t.received.Add(1)
+		t.receivedBytes.Add(uint64(n))
 		msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
 		if err != nil {
 			t.Reject(ReasonOf(err))
@@ -272,7 +279,8 @@ func (t *Transport) Reject(r Reason) {
 
 // Stats returns the counters.
 func (t *Transport) Stats() Stats {
-	s := Stats{Sent: t.sent.Load(), SendErrors: t.sendErrors.Load(), Received: t.received.Load(), Accepted: t.accepted.Load(), Reopens: t.reopens.Load()}
+	s := Stats{Sent: t.sent.Load(), SendErrors: t.sendErrors.Load(), Received: t.received.Load(), Accepted: t.accepted.Load(), Reopens: t.reopens.Load(),
+		ReceivedBytes: t.receivedBytes.Load(), SentBytes: t.sentBytes.Load()}
 	for r := range s.Rejected {
 		s.Rejected[r] = t.rejected[r].Load()
 	}

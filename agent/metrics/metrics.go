@@ -29,6 +29,7 @@ type collector struct {
 	bgpSession, bgpBFD, bgpAnnounced, bgpEvents        *prometheus.Desc
 	forwarded, forwardDrops, ruleForward               *prometheus.Desc
 	raftVoter, raftVoters, raftTolerance, raftChanges  *prometheus.Desc
+	hbBytes                                            *prometheus.Desc
 }
 
 func newCollector(src Source) *collector {
@@ -41,6 +42,7 @@ func newCollector(src Source) *collector {
 		dropped:    d("packets_dropped_total", "VIP packets this node dropped, by rule and reason.", "rule", "reason"),
 		handed:     d("syns_handed_total", "SYNs of buckets moving between nodes handed over, by rule and direction: out (to the new owner), in (taken here), refused (handed here, taken already).", "rule", "direction"),
 		hb:         d("heartbeat_events_total", "Heartbeat messages by event (sent, received, rejected reasons).", "event"),
+		hbBytes:    d("heartbeat_bytes_total", "Heartbeat payload bytes (UDP), by direction: sent, received.", "direction"),
 		arp:        d("arp_events_total", "ARP frames by outcome.", "event"),
 		ndp:        d("ndp_events_total", "Neighbor Solicitations for the IPv6 VIPs by outcome.", "event"),
 		converged:  d("converged", "1 when this node's view has converged with every eligible peer."),
@@ -71,7 +73,7 @@ func newCollector(src Source) *collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.accepted, c.dropped, c.handed, c.hb, c.arp, c.ndp, c.converged, c.healthy, c.buckets, c.conns, c.rulesIndex, c.up, c.dpFailures, c.dpHealthy,
 		c.bgpSession, c.bgpBFD, c.bgpAnnounced, c.bgpEvents, c.forwarded, c.forwardDrops, c.ruleForward,
-		c.raftVoter, c.raftVoters, c.raftTolerance, c.raftChanges} {
+		c.raftVoter, c.raftVoters, c.raftTolerance, c.raftChanges, c.hbBytes} {
 		ch <- d
 	}
 }
@@ -107,7 +109,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for ev, n := range p.Heartbeat {
-		counter(c.hb, n, ev)
+		switch ev {
+		case "sent_bytes":
+			counter(c.hbBytes, n, "sent")
+		case "received_bytes":
+			counter(c.hbBytes, n, "received")
+		default:
+			counter(c.hb, n, ev)
+		}
 	}
 	for ev, n := range p.ARP {
 		counter(c.arp, n, ev)

@@ -65,7 +65,8 @@ func (n *Node) Params() control.Params {
 }
 
 func heartbeatStats(st heartbeat.Stats) map[string]uint64 {
-	m := map[string]uint64{"sent": st.Sent, "send_errors": st.SendErrors, "received": st.Received, "accepted": st.Accepted, "socket_reopens": st.Reopens}
+	m := map[string]uint64{"sent": st.Sent, "send_errors": st.SendErrors, "received": st.Received, "accepted": st.Accepted, "socket_reopens": st.Reopens,
+		"sent_bytes": st.SentBytes, "received_bytes": st.ReceivedBytes}
 	for r, n := range st.Rejected {
 		if n > 0 {
 			m["rejected_"+heartbeat.Reason(r).String()] = n
