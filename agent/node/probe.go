@@ -49,11 +49,26 @@ func newProber(check probeCheck) *prober {
 	return &prober{check: check, results: make(chan probeResult, 16), notify: func() {}, busy: map[uint32]bool{}}
 }
 
-// start probes every suspect not being probed already, at the peer API
-// address apiAddr gives (none: not probed), each for at most timeout. A
-// probe still running when ctx ends is abandoned without an answer.
+// maxProbes bounds the probes in flight. A probe is a TLS handshake for
+// both ends (a millisecond or more of CPU each); when a burst of work
+// makes heartbeats late across a big cluster, every node suspected every
+// peer at once and the handshakes (a fifth of a 32-node lab's CPU in such
+// a storm, docs/BENCHMARKS-LOG.md) kept the heartbeats late. Suspects past
+// the bound are probed as earlier probes answer, if still suspects then:
+// most late peers are heard again first. A probe of a dead host that
+// refuses the connection answers in a round trip; one that does not answer
+// adds nothing the death at T periods does not.
+const maxProbes = 4
+
+// start probes the suspects not being probed already, at the peer API
+// address apiAddr gives (none: not probed), each for at most timeout, up to
+// maxProbes at a time. A probe still running when ctx ends is abandoned
+// without an answer.
 func (p *prober) start(ctx context.Context, suspects []uint32, timeout time.Duration, apiAddr func(id uint32) string) {
 	for _, id := range suspects {
+		if len(p.busy) >= maxProbes {
+			return
+		}
 		addr := apiAddr(id)
 		if p.busy[id] || addr == "" {
 			continue

@@ -162,3 +162,36 @@ func TestProberStops(t *testing.T) {
 	default:
 	}
 }
+
+// TestProberBounded: at most maxProbes probes run at a time; the other
+// suspects are probed as those answer.
+func TestProberBounded(t *testing.T) {
+	f := newFakeChecks()
+	p := newProber(f.check)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); p.wait() })
+	var suspects []uint32
+	for id := uint32(1); id <= 3*maxProbes; id++ {
+		suspects = append(suspects, id)
+	}
+	apiAddr := func(uint32) string { return "hang" }
+	const timeout = 200 * time.Millisecond
+	p.start(ctx, suspects, timeout, apiAddr)
+	p.start(ctx, suspects, timeout, apiAddr)
+	time.Sleep(timeout / 2)
+	if n := f.callsTo("hang"); n != maxProbes {
+		t.Fatalf("%d probes started for %d suspects, want %d at a time", n, len(suspects), maxProbes)
+	}
+	for answered := 0; answered < len(suspects); answered++ {
+		select {
+		case r := <-p.results:
+			p.done(r)
+			p.start(ctx, suspects, timeout, apiAddr)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d suspects answered", answered, len(suspects))
+		}
+		if len(p.busy) > maxProbes {
+			t.Fatalf("%d probes in flight, want at most %d", len(p.busy), maxProbes)
+		}
+	}
+}
