@@ -176,14 +176,10 @@ func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
 			}
 			continue
 		}
-		t.received.Add(1)
-		t.receivedBytes.Add(uint64(n))
-		msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
-		if err != nil {
-			t.Reject(ReasonOf(err))
+		msg, ok := t.decode(n)
+		if !ok {
 			continue
 		}
-		t.accepted.Add(1)
 		var from netip.AddrPort
 		if ua, ok := addr.(*net.UDPAddr); ok {
 			from = ua.AddrPort()
@@ -208,16 +204,26 @@ func (t *Transport) ReceiveQueued() (*Message, netip.AddrPort, bool) {
 		if !ok {
 			return nil, netip.AddrPort{}, false
 		}
-		t.received.Add(1)
-		t.receivedBytes.Add(uint64(n))
-		msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
-		if err != nil {
-			t.Reject(ReasonOf(err))
+		msg, ok := t.decode(n)
+		if !ok {
 			continue
 		}
-		t.accepted.Add(1)
 		return msg, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), true
 	}
+}
+
+// decode counts the datagram of n bytes in rbuf and decodes it; a rejected
+// one is counted by reason.
+func (t *Transport) decode(n int) (*Message, bool) {
+	t.received.Add(1)
+	t.receivedBytes.Add(uint64(n))
+	msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
+	if err != nil {
+		t.Reject(ReasonOf(err))
+		return nil, false
+	}
+	t.accepted.Add(1)
+	return msg, true
 }
 
 // reopenPause: a socket replaced this recently that fails again is not

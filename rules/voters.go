@@ -155,7 +155,7 @@ func planVoters(servers []candidate, pol VoterPolicy, now time.Time) (promote, d
 		chosen[pool[best].ID] = true
 		perZone[pool[best].Zone]++
 	}
-	voters, pending := 0, 0
+	voters := 0
 	for _, c := range servers {
 		switch {
 		case c.Voter:
@@ -165,14 +165,11 @@ func planVoters(servers []candidate, pol VoterPolicy, now time.Time) (promote, d
 		}
 	}
 	slices.Sort(promote)
-	if len(promote) > 0 {
-		pending = len(promote)
-	}
 	// Demote: the dead first, then the surplus; healthy ones only once
 	// nothing is left to promote, and never below MinQuorum.
 	var out []candidate
 	for _, c := range servers {
-		if c.Voter && !c.Leader && !chosen[c.ID] && (pending == 0 || !c.Healthy) {
+		if c.Voter && !c.Leader && !chosen[c.ID] && (len(promote) == 0 || !c.Healthy) {
 			out = append(out, c)
 		}
 	}
