@@ -26,7 +26,7 @@ type Config struct {
 // Node is a registered node's settings that ownership depends on.
 type Node struct {
 	ID           NodeID
-	HostPriority int // 1..32, unique; the lowest eligible is the default host
+	HostPriority int // 1..64, unique; the lowest eligible is the default host
 	// Rules holds the node's per-rule settings; a rule missing here gets
 	// DefaultWeight, the host priority as handling priority, and RuleEnabled.
 	Rules map[RuleID]NodeRule

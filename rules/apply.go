@@ -241,8 +241,8 @@ func (c *SetWeight) apply(s *State) (Result, error) {
 }
 
 func (c *SetHandlingPriority) apply(s *State) (Result, error) {
-	if c.Priority < 0 || c.Priority > MaxHostPriority {
-		return Result{}, fmt.Errorf("%w: handling priority %d is outside 1-%d (0 follows the host priority)", ErrInvalid, c.Priority, MaxHostPriority)
+	if top := s.MaxPriority(); c.Priority < 0 || c.Priority > top {
+		return Result{}, fmt.Errorf("%w: handling priority %d is outside 1-%d (0 follows the host priority)%s", ErrInvalid, c.Priority, top, s.legacyNote(top))
 	}
 	n, nr, err := s.nodeRule(c.Node, c.Rule)
 	if err != nil {
@@ -256,10 +256,23 @@ func (c *SetHandlingPriority) apply(s *State) (Result, error) {
 	return Result{}, nil
 }
 
+// legacyNote explains a limit of 32 that an older member imposes.
+func (s *State) legacyNote(top int) string {
+	if top >= MaxHostPriority {
+		return ""
+	}
+	for i := range s.Nodes {
+		if n := &s.Nodes[i]; n.level() < bigClusterLevel {
+			return fmt.Sprintf(" (node %d (%s) runs a shoal at command level %d; %d once every node is at level %d)", n.ID, n.Name, n.level(), MaxHostPriority, bigClusterLevel)
+		}
+	}
+	return ""
+}
+
 // freePriorities lists the host priorities no node holds, for messages.
 func (s *State) freePriorities() []int {
 	var free []int
-	for p := 1; p <= MaxHostPriority; p++ {
+	for p := 1; p <= s.MaxPriority(); p++ {
 		if !slices.ContainsFunc(s.Nodes, func(n Node) bool { return n.HostPriority == p }) {
 			free = append(free, p)
 		}
@@ -268,8 +281,8 @@ func (s *State) freePriorities() []int {
 }
 
 func (s *State) checkHostPriority(self filter.NodeID, p int) error {
-	if p < 1 || p > MaxHostPriority {
-		return fmt.Errorf("%w: host priority %d is outside 1-%d", ErrInvalid, p, MaxHostPriority)
+	if top := s.MaxPriority(); p < 1 || p > top {
+		return fmt.Errorf("%w: host priority %d is outside 1-%d%s", ErrInvalid, p, top, s.legacyNote(top))
 	}
 	for i := range s.Nodes {
 		if o := &s.Nodes[i]; o.ID != self && o.HostPriority == p {
@@ -310,6 +323,13 @@ func (c *RegisterNode) apply(s *State) (Result, error) {
 	if c.Admin > AdminSuspended {
 		return Result{}, fmt.Errorf("%w: admin state %d", ErrInvalid, c.Admin)
 	}
+	if info.level() < bigClusterLevel {
+		for i := range s.Nodes {
+			if o := &s.Nodes[i]; o.HostPriority > legacyMaxPriority && o.Name != info.Name {
+				return Result{}, fmt.Errorf("%w: node %s runs a shoal at command level %d, which holds at most %d nodes, and node %d (%s) has host priority %d; upgrade it first", ErrUnsupported, info.Name, info.level(), legacyMaxPriority, o.ID, o.Name, o.HostPriority)
+			}
+		}
+	}
 	if n := s.NodeByName(info.Name); n != nil {
 		if n.RaftAddr != info.RaftAddr {
 			return Result{}, fmt.Errorf("%w: node name %q is taken by node %d at %s; pick another name or remove node %d first", ErrConflict, info.Name, n.ID, n.RaftAddr, n.ID)
@@ -332,7 +352,8 @@ func (c *RegisterNode) apply(s *State) (Result, error) {
 	if info.HostPriority == 0 {
 		free := s.freePriorities()
 		if len(free) == 0 {
-			return Result{}, fmt.Errorf("%w: all %d host priorities are taken; a cluster holds at most %d nodes", ErrConflict, MaxHostPriority, MaxHostPriority)
+			top := s.MaxPriority()
+			return Result{}, fmt.Errorf("%w: all %d host priorities are taken; a cluster holds at most %d nodes%s", ErrConflict, top, top, s.legacyNote(top))
 		}
 		info.HostPriority = free[0]
 	} else if err := s.checkHostPriority(0, info.HostPriority); err != nil {

@@ -87,7 +87,7 @@ var commandTable = map[CommandType]func() Command{
 // added later gets the next level in commandSince, and the leader proposes
 // it only once every registered node reports that level, so no replica
 // meets an entry it cannot decode during a rolling upgrade.
-const CommandLevel = 4
+const CommandLevel = bigClusterLevel
 
 // commandSince is the level each command type needs; types not listed
 // need level 1.
@@ -209,7 +209,7 @@ type SetWeight struct {
 	Weight int
 }
 
-// SetHandlingPriority sets a node's handling priority on a rule (1..32; 0
+// SetHandlingPriority sets a node's handling priority on a rule (1..64, or 1..32 until every member is at command level 5; 0
 // goes back to the node's host priority). Single-host rules go to the
 // eligible node with the lowest.
 type SetHandlingPriority struct {
@@ -218,7 +218,7 @@ type SetHandlingPriority struct {
 	Priority int
 }
 
-// SetHostPriority sets a node's host priority (1..32, unique).
+// SetHostPriority sets a node's host priority (1..64, or 1..32 until every member is at command level 5; unique).
 type SetHostPriority struct {
 	Node     filter.NodeID
 	Priority int

@@ -214,7 +214,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 // validation cost is bounded whatever the input (validation is at worst
 // quadratic in the rules, on at most maxSnapshotRules). Real snapshots are
 // a few kB: the data plane holds 16 VIPs and 127 rules, and host
-// priorities (1-32, unique) bound the nodes.
+// priorities (1-64, unique) bound the nodes.
 const (
 	maxSnapshotSize     = 4 << 20
 	maxSnapshotVIPs     = 256

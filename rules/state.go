@@ -18,8 +18,15 @@ const (
 )
 
 // MaxHostPriority is the largest host or handling priority; it also bounds
-// the number of registered nodes, as host priorities are unique (as in NLB).
-const MaxHostPriority = 32
+// the number of registered nodes, as host priorities are unique. NLB's 32
+// is the limit while any registered node runs a shoal below
+// bigClusterLevel (State.MaxPriority): such a replica refuses priorities
+// above 32, and would diverge from the others.
+const (
+	MaxHostPriority   = 64
+	legacyMaxPriority = 32
+	bigClusterLevel   = 5
+)
 
 // Settings are the cluster-wide settings.
 type Settings struct {
@@ -35,7 +42,7 @@ type Settings struct {
 // NodeInfo is what a node says about itself when it registers or joins.
 type NodeInfo struct {
 	Name          string // unique in the cluster; also the Raft server ID
-	HostPriority  int    // 1..32, unique; 0 asks for the lowest free one
+	HostPriority  int    // 1..64 (1..32 in a cluster not all at level 5), unique; 0 asks for the lowest free one
 	HeartbeatAddr string // host:port of the heartbeat UDP socket
 	RaftAddr      string // host:port of the Raft TCP transport
 	APIAddr       string // host:port of the authenticated peer API
@@ -51,6 +58,19 @@ type NodeInfo struct {
 
 // level returns the command level the node reports.
 func (ni *NodeInfo) level() int { return max(1, ni.CommandLevel) }
+
+// MaxPriority is the largest host or handling priority, and so the number
+// of nodes, the cluster takes now: MaxHostPriority once every registered
+// node reports command level 5, NLB's 32 before. Every replica decides it
+// from the same replicated registry, so all apply a registration alike.
+func (s *State) MaxPriority() int {
+	for i := range s.Nodes {
+		if s.Nodes[i].level() < bigClusterLevel {
+			return legacyMaxPriority
+		}
+	}
+	return MaxHostPriority
+}
 
 // CheckSupported returns ErrUnsupported unless every registered node
 // reports the command level cmd's type needs.

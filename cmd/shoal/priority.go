@@ -11,17 +11,17 @@ import (
 var priorityCommand = &cli.Command{
 	Name:  "priority",
 	Usage: "set a node's host priority or a rule's handling priority",
-	Description: "The host priority (1-32, unique) picks the default host, which takes VIP traffic\n" +
+	Description: "The host priority (1-64, unique; 1-32 until every node runs command level 5) picks the default host, which takes VIP traffic\n" +
 		"no rule covers; a single-host rule goes to the eligible node with the lowest\nhandling priority.",
 	Subcommands: []*cli.Command{{
 		Name:        "set",
 		Usage:       "set a priority",
-		ArgsUsage:   "<node> <1-32>",
+		ArgsUsage:   "<node> <1-64>",
 		Description: "Without --rule sets the host priority; with --rule the handling priority on that rule.",
 		Flags:       []cli.Flag{&cli.StringFlag{Name: "rule", Usage: "a single-host rule (vip:port or id)"}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
-				return usageError("priority set: want <node> <1-32>")
+				return usageError("priority set: want <node> <1-64>")
 			}
 			p, err := strconv.Atoi(c.Args().Get(1))
 			if err != nil {
