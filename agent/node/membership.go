@@ -176,9 +176,10 @@ func (m *membership) newMachine(now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("heartbeat incarnation: %w", err)
 	}
+	period, tolerance := timingOf(st)
 	mc, err := heartbeat.NewMachine(heartbeat.Config{
 		ClusterID: st.Settings.ClusterID, Self: uint32(m.self), Incarnation: inc,
-		Period: st.Settings.HeartbeatPeriod, Tolerance: st.Settings.HeartbeatTolerance,
+		Period: period, Tolerance: tolerance,
 	}.WithDefaults(), now, m.owned, lazyIntersect)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -234,8 +235,8 @@ func (m *membership) applyRules(now time.Time, st *rules.State) {
 	m.machine.SetPeers(now, peers)
 	// New heartbeat settings take effect at the machine's safe point, when
 	// the cluster has converged on rules that carry them (SetTiming).
-	s := st.Settings
-	if err := m.machine.SetTiming(now, cmp.Or(s.HeartbeatPeriod, heartbeat.DefaultPeriod), cmp.Or(s.HeartbeatTolerance, heartbeat.DefaultTolerance), st.Index); err != nil {
+	period, tolerance := timingOf(st)
+	if err := m.machine.SetTiming(now, period, tolerance, st.Index); err != nil {
 		m.log.Error("heartbeat settings not applied; keeping the timing in use", "err", err, "period", m.timing.Period, "tolerance", m.timing.Tolerance)
 	}
 	// Keep only the rules a view can still refer to.
@@ -244,6 +245,14 @@ func (m *membership) applyRules(now time.Time, st *rules.State) {
 			delete(m.cfgs, idx)
 		}
 	}
+}
+
+// timingOf is the heartbeat timing the rules give: the settings' period
+// and tolerance, scaled to the size of the registry (heartbeat.ScaledTiming:
+// a period per 16 nodes, the same silence before a death).
+func timingOf(st *rules.State) (time.Duration, int) {
+	s := st.Settings
+	return heartbeat.ScaledTiming(cmp.Or(s.HeartbeatPeriod, heartbeat.DefaultPeriod), cmp.Or(s.HeartbeatTolerance, heartbeat.DefaultTolerance), len(st.Nodes))
 }
 
 // replicatedAdmin is this node's admin state in the rules.

@@ -425,3 +425,49 @@ func TestNewViewAdvertisedOnceItsTablesAreIn(t *testing.T) {
 		t.Errorf("the heartbeat sent once the tables were in advertises view %v, want the new one (rules %d)", v, r2.Index)
 	}
 }
+
+// TestHeartbeatTimingScalesWithRegistry: rules that register 17 nodes (two
+// live, fifteen never started) switch both live members to twice the
+// settings' period and half their tolerance (heartbeat.ScaledTiming), with
+// no death and the view kept, and they then send half as often.
+func TestHeartbeatTimingScalesWithRegistry(t *testing.T) {
+	const dt = 5 * time.Millisecond
+	r1 := twoNodeRules(5, 50, 50) // 100 ms x 12
+	r2 := twoNodeRules(6, 50, 50)
+	for id := 3; id <= 17; id++ {
+		r2.Nodes = append(r2.Nodes, rules.Node{ID: filter.NodeID(id), Admin: rules.AdminStarted,
+			NodeInfo: rules.NodeInfo{Name: fmt.Sprintf("n%d", id), HostPriority: id, HeartbeatAddr: fmt.Sprintf("127.0.0.1:%d", 7001+id)}})
+	}
+	r2.LastNodeID = 17
+	now := time.Unix(1000, 0)
+	p := newMemberPair(t, r1, &now, nil)
+	run := func(d time.Duration) {
+		for end := now.Add(d); now.Before(end); {
+			now = now.Add(dt)
+			p.step()
+		}
+	}
+	run(2 * time.Second)
+	for _, m := range p.ms {
+		m.applyRules(now, r2)
+	}
+	sentBefore := [2]int{len(p.links[0].sent), len(p.links[1].sent)}
+	run(4 * time.Second)
+	both := []uint32{1, 2}
+	for i, m := range p.ms {
+		st := m.snap.Load().hb
+		if st.Period != 200*time.Millisecond || st.Tolerance != 6 || st.Deaths != 0 || !st.Converged || !slices.Equal(st.View.Eligible, both) {
+			t.Errorf("node %d with 17 registered: timing %v x %d, %d deaths, converged %v, view %v; want 200ms x 6, none, converged on both", i+1, st.Period, st.Tolerance, st.Deaths, st.Converged, st.View.Eligible)
+		}
+		sent := p.links[i].sent[sentBefore[i]:]
+		var last []time.Time
+		for _, at := range sent {
+			if now.Sub(at) < 2*time.Second {
+				last = append(last, at)
+			}
+		}
+		if len(last) < 9 || len(last) > 11 {
+			t.Errorf("node %d sent %d heartbeats in the last 2 s, want about 10 (one every 200 ms)", i+1, len(last))
+		}
+	}
+}
