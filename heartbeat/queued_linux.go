@@ -21,14 +21,15 @@ func readQueued(conn net.PacketConn, buf []byte) (n int, from netip.AddrPort, ok
 	}
 	var sa unix.Sockaddr
 	var rerr error
-	// A function that returns true is called once: a single read that
-	// does not wait (MSG_DONTWAIT), and no wake-up of the poller.
-	if err := raw.Read(func(fd uintptr) bool {
+	// A single read that does not wait (MSG_DONTWAIT) and no wake-up of
+	// the poller. Control, not Read: Read refuses once the receive
+	// deadline has passed, and a late wake-up (a busy machine) is when the
+	// heartbeats waiting must be taken before silences are judged.
+	if err := raw.Control(func(fd uintptr) {
 		n, sa, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-		return true
 	}); err != nil || rerr != nil {
-		// Nothing waiting (EAGAIN), the deadline passed, or a failure the
-		// next blocking Receive meets and handles.
+		// Nothing waiting (EAGAIN), or a failure the next blocking
+		// Receive meets and handles.
 		return 0, netip.AddrPort{}, false
 	}
 	switch a := sa.(type) {

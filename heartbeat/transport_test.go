@@ -329,4 +329,21 @@ func TestTransportReceiveQueued(t *testing.T) {
 	if _, _, ok := tr.ReceiveQueued(); ok || time.Since(start) > 100*time.Millisecond {
 		t.Errorf("with nothing queued: ok %v after %v; want false at once", ok, time.Since(start))
 	}
+
+	// Past the receive deadline (a wake-up that came late), what waits is
+	// still taken: the caller judges silences next.
+	tr.SetReceiveDeadline(time.Now().Add(-time.Second))
+	b, _ := Encode(&Message{ClusterID: 7, Node: 9, Incarnation: 1, Seq: 4}, simRing)
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	var late *Message
+	for end := time.Now().Add(2 * time.Second); late == nil && time.Now().Before(end); {
+		if msg, _, ok := tr.ReceiveQueued(); ok {
+			late = msg
+		}
+	}
+	if late == nil || late.Seq != 4 {
+		t.Errorf("queued after the deadline passed: %v, want sequence 4", late)
+	}
 }

@@ -350,14 +350,14 @@ func (m *membership) run(ctx context.Context) error {
 				m.receive(msg, from)
 				// Peers send in step: take what arrived meanwhile before
 				// stepping once for all of it.
-				for range maxBatch {
-					msg, from, ok := m.in.ReceiveQueued()
-					if !ok {
-						break
-					}
-					m.receive(msg, from)
-				}
+				m.receiveQueued()
 			case errors.Is(err, os.ErrDeadlineExceeded):
+				// Woken for a deadline, or interrupted: take what waits
+				// first. A wake-up that came late (the machine busy) finds
+				// heartbeats in the socket, and stepping before them would
+				// judge their senders silent: false deaths, the view
+				// changes that make the machine busier still (64-node lab).
+				m.receiveQueued()
 			case errors.Is(err, net.ErrClosed):
 				if ctx.Err() != nil {
 					continue // the select above returns
@@ -375,6 +375,17 @@ func (m *membership) run(ctx context.Context) error {
 // maxBatch bounds the heartbeats taken before a step: a flood of them
 // does not hold off the send and the deadlines.
 const maxBatch = 256
+
+// receiveQueued takes the heartbeats waiting in the socket, up to maxBatch.
+func (m *membership) receiveQueued() {
+	for range maxBatch {
+		msg, from, ok := m.in.ReceiveQueued()
+		if !ok {
+			return
+		}
+		m.receive(msg, from)
+	}
+}
 
 func (m *membership) receive(msg *heartbeat.Message, from netip.AddrPort) {
 	if m.plugged {
