@@ -195,9 +195,11 @@ type Machine[S any] struct {
 	hasTiming bool
 	change    timingChange // the last switch
 
-	now     time.Time // the latest time given
-	version uint64
-	deaths  uint64
+	now      time.Time // the latest time given
+	deferred bool      // see DeferRecompute
+	pending  bool      // a deferred Receive changed what recompute reads
+	version  uint64
+	deaths   uint64
 }
 
 // sendBurst plus the number of peers is how many heartbeats a node sends at
@@ -312,9 +314,25 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 		m.now = now
 		return nil
 	}
+	if m.deferred {
+		m.now, m.pending = now, true
+		return nil
+	}
 	m.recompute(now)
 	return nil
 }
+
+// DeferRecompute, on, makes Receive only record what a heartbeat says:
+// the view, convergence and the accepting set are derived at the next
+// Tick (or any other call that recomputes), once for every heartbeat
+// received since. A caller that takes heartbeats in batches and then
+// ticks (the agent) gets the same outputs for a fraction of the work:
+// deriving the view checks every pair of nodes for hearing each other,
+// and during a storm of changes in a 45-node lab that check after every
+// heartbeat was a sixth of the machine's CPU (docs/BENCHMARKS-LOG.md).
+// Replies a heartbeat asks for are still scheduled at once (NextSend), and
+// Wake says to tick now while a recompute waits.
+func (m *Machine[S]) DeferRecompute(on bool) { m.deferred = on }
 
 // claims reports whether live peer p may be accepting without hearing this
 // node: settled, in its own view, and acknowledging nothing of this
@@ -543,6 +561,9 @@ func (m *Machine[S]) NextSend() time.Time { return m.nextSend }
 // heartbeat, the next possible death or suspicion, the end of a lag grace,
 // of settling, of a restart window, of a probe's validity or of a hold.
 func (m *Machine[S]) Wake() time.Time {
+	if m.pending {
+		return m.now // heartbeats received and not yet acted on: tick now
+	}
 	w := m.nextSend
 	earliest := func(t time.Time) {
 		// Deadlines already passed were acted on by the last recompute.
@@ -642,7 +663,7 @@ func (m *Machine[S]) probedDead(p *peer, now time.Time) bool {
 // convergence (acquire).
 func (m *Machine[S]) recompute(now time.Time) {
 	m.checkStall(now)
-	m.now = now
+	m.now, m.pending = now, false
 	m.newest = m.local.RulesIndex
 	for _, p := range m.peers {
 		if p.live {

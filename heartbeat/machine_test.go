@@ -526,3 +526,50 @@ func TestReturningPeerDropsNoMember(t *testing.T) {
 		}
 	}
 }
+
+// TestDeferRecompute: deferred, a heartbeat that changes the view leaves
+// the outputs alone until the next Tick, Wake asks for that tick at once,
+// and the tick gives what an immediate machine gave on receipt; a reply is
+// scheduled at once either way.
+func TestDeferRecompute(t *testing.T) {
+	imm, def := newHarness(t, 1, 2, 3), newHarness(t, 1, 2, 3)
+	def.m.DeferRecompute(true)
+	var now time.Time
+	for _, h := range []*harness{imm, def} {
+		for i := range 9 { // node 3 silent: settles after T periods
+			now = at(float64(i))
+			h.recv(now.Add(time.Millisecond), h.hb(2, 1, 2))
+			h.step(now.Add(2 * time.Millisecond))
+		}
+		if st := h.m.Status(); !st.Converged || !slices.Equal(st.View.Eligible, []uint32{1, 2}) {
+			t.Fatalf("before node 3: view %v converged %v", st.View.Eligible, st.Converged)
+		}
+	}
+	// Node 3 is heard: it joins the view.
+	now = now.Add(10 * time.Millisecond)
+	imm.recv(now, imm.hb(3, 1, 2, 3))
+	def.recv(now, def.hb(3, 1, 2, 3))
+	want := imm.m.Status()
+	if !slices.Equal(want.View.Eligible, []uint32{1, 2, 3}) {
+		t.Fatalf("immediate: view %v after node 3's heartbeat, want {1,2,3}", want.View.Eligible)
+	}
+	if got := def.m.Status(); !slices.Equal(got.View.Eligible, []uint32{1, 2}) {
+		t.Errorf("deferred: view %v before the tick, want {1,2} still", got.View.Eligible)
+	}
+	if w := def.m.Wake(); !w.Equal(now) {
+		t.Errorf("deferred: Wake %v, want now (%v): a recompute waits", w, now)
+	}
+	if !def.m.NextSend().Equal(imm.m.NextSend()) {
+		t.Errorf("deferred: next send %v, immediate %v: the reply must not wait for the tick", def.m.NextSend(), imm.m.NextSend())
+	}
+	def.m.Tick(now)
+	got := def.m.Status()
+	if !got.View.Equal(want.View) || got.Converged != want.Converged || toyCount(got.Accept) != toyCount(want.Accept) {
+		t.Errorf("deferred after the tick: view %v converged %v accept %d; immediate: %v %v %d",
+			got.View.Eligible, got.Converged, toyCount(got.Accept), want.View.Eligible, want.Converged, toyCount(want.Accept))
+	}
+	imm.m.Tick(now)
+	if w, iw := def.m.Wake(), imm.m.Wake(); !w.Equal(iw) {
+		t.Errorf("deferred after the tick: Wake %v, immediate %v", w, iw)
+	}
+}

@@ -39,6 +39,21 @@ func TestSimNoFlapUnderLoss(t *testing.T) {
 	}
 	t.Logf("no false death over %.0f link-periods (20%% loss, P=%v, T=%d)", periods, DefaultPeriod, DefaultTolerance)
 
+	// A 32-node cluster runs at the scaled timing (ScaledTiming: 150 ms, 6
+	// periods): no false death at 5% loss; at 20%, counted.
+	sp, st := ScaledTiming(DefaultPeriod, DefaultTolerance, 32)
+	for _, loss := range []float64{0.05, 0.2} {
+		s := newSim(t, 32, Config{Period: sp, Tolerance: st}, 77)
+		start := s.startAll(3 * time.Second)
+		s.setAllLinks(func(l *simLink) { l.loss = loss })
+		s.run(start + 60*time.Second)
+		d := s.totalDeaths()
+		t.Logf("n=32 at P=%v T=%d, 60s at %.0f%% loss: %d false deaths", sp, st, loss*100, d)
+		if loss <= 0.05 && d != 0 {
+			t.Errorf("n=32 at P=%v T=%d: %d false deaths in 60s at %.0f%% loss", sp, st, d, loss*100)
+		}
+	}
+
 	// For comparison, DESIGN.md's first guess (P=200ms, T=5) under the
 	// same loss: logged, not asserted, to justify the defaults.
 	s := newSim(t, 8, Config{Period: 200 * time.Millisecond, Tolerance: 5}, 999)
@@ -270,8 +285,6 @@ func TestSimFailoverTimes(t *testing.T) {
 	}
 	setups := []setup{{Config{}, true}, {Config{}, false}, {Config{Period: FastProfile.Period, Tolerance: FastProfile.Tolerance}, true}}
 	for _, su := range setups {
-		c := su.cfg.WithDefaults()
-		p := c.Period
 		for _, n := range []int{2, 8, 32, 64} {
 			seeds := map[int]int{2: 30, 8: 30, 32: 4, 64: 3}[n]
 			if *simRuns > 0 {
@@ -280,7 +293,14 @@ func TestSimFailoverTimes(t *testing.T) {
 			if n > 8 && (!*simLarge || su.cfg.Period != 0 || !su.probes) {
 				continue // the large clusters: at the defaults, with -simlarge
 			}
-			fs := measureFailover(t, n, su.cfg, seeds, su.probes)
+			cfg := su.cfg
+			if su.cfg.Period == 0 {
+				// The timing the agent uses for n registered nodes.
+				cfg.Period, cfg.Tolerance = ScaledTiming(DefaultPeriod, DefaultTolerance, n)
+			}
+			c := cfg.WithDefaults()
+			p := c.Period
+			fs := measureFailover(t, n, cfg, seeds, su.probes)
 			t.Logf("P=%v T=%d probes=%v n=%d (%d runs): crash->coverage %s; detection->coverage %s; restart->joined %s",
 				p, c.Tolerance, su.probes, n, seeds, summary(fs.fail), summary(fs.afterDetect), summary(fs.join))
 			agree := 5 * time.Millisecond

@@ -12,6 +12,11 @@ var simRuns = flag.Int("simruns", 0, "random simulator runs per delay class (0: 
 
 var simLarge = flag.Bool("simlarge", false, "also simulate 32- and 64-node clusters (slow)")
 
+// simImmediate runs the machines as they were before DeferRecompute: the
+// view derived after every heartbeat instead of once per batch (what the
+// agent does, and the simulator's default).
+var simImmediate = flag.Bool("simimmediate", false, "recompute after every heartbeat instead of once a batch")
+
 // delayClass sets the links' one-way delay for a random run.
 type delayClass struct {
 	name     string

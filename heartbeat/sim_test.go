@@ -276,6 +276,9 @@ func (s *sim) boot(i int) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	// As the agent runs it: the heartbeats delivered at one instant are
+	// acted on once, at the tick Wake asks for.
+	m.DeferRecompute(!*simImmediate)
 	m.SetPeers(s.now, s.registry())
 	m.SetLocal(s.now, Local{Admin: Started, Healthy: true, RulesIndex: 7, Seed: s.fcfg.Seed})
 	n.m, n.up, n.accept, n.excludedAt = m, true, nil, time.Time{}

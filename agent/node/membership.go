@@ -184,6 +184,9 @@ func (m *membership) newMachine(now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
+	// The loop takes heartbeats in batches and then steps (Tick): the view
+	// is derived once a batch.
+	mc.DeferRecompute(true)
 	m.machine = mc
 	m.timing = mc.Config()
 	m.applyRules(now, st)
