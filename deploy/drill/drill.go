@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shoalnet/shoal/deploy/lab/load"
+	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/peer"
 )
 
@@ -233,6 +234,11 @@ func finish(res load.Result, loadErr error, samples []Sample, q query, tr Traffi
 		rep.SettledMS = ms(settled)
 	}
 	rep.HeartbeatPeriod, rep.HeartbeatTolerance = q.Settings.HeartbeatPeriod, q.Settings.HeartbeatTolerance
+	if p, err := time.ParseDuration(q.Settings.HeartbeatPeriod); err == nil && q.Settings.HeartbeatTolerance > 0 {
+		// The timing in use: the settings scaled to the registry's size.
+		sp, st := heartbeat.ScaledTiming(p, q.Settings.HeartbeatTolerance, len(q.Nodes))
+		rep.HeartbeatPeriod, rep.HeartbeatTolerance = sp.String(), st
+	}
 	rep.KeepAlive, rep.Concurrency, rep.Rate = tr.KeepAlive, tr.Concurrency, tr.Rate
 	rep.Held = res.Held
 	if !event.IsZero() {
