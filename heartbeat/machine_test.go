@@ -573,3 +573,65 @@ func TestDeferRecompute(t *testing.T) {
 		t.Errorf("deferred after the tick: Wake %v, immediate %v", w, iw)
 	}
 }
+
+// TestFirstToDeclareADeathStays: a peer that every member last heard T/2
+// periods ago or more is dying: when one member declares it dead first,
+// the others drop the dying peer, not that member (the deaf side of their
+// broken link by the older rule, which excluded it, and it yielded all it
+// held, until the others declared the death too). A link cut one way from
+// a peer heard recently by the others is judged as before.
+func TestFirstToDeclareADeathStays(t *testing.T) {
+	setAck := func(msg *Message, id uint32, age int, drop bool) *Message {
+		out := msg.Acks[:0]
+		for _, a := range msg.Acks {
+			if a.Node == id {
+				if drop {
+					continue
+				}
+				a.Age = uint8(age)
+			}
+			out = append(out, a)
+		}
+		msg.Acks = out
+		return msg
+	}
+	run := func(t *testing.T, silentFor float64, ageAt3 int) []uint32 {
+		h := newHarness(t, 1, 2, 3, 4)
+		var now time.Time
+		for i := range 4 {
+			now = at(float64(i))
+			for _, id := range []uint32{2, 3, 4} {
+				h.recv(now.Add(time.Millisecond), h.hb(id, 1, 2, 3, 4))
+			}
+			h.step(now.Add(2 * time.Millisecond))
+		}
+		if st := h.m.Status(); !st.Converged || len(st.View.Eligible) != 4 {
+			t.Fatalf("before: view %v converged %v", st.View.Eligible, st.Converged)
+		}
+		// Node 4 falls silent here (or, with ageAt3 0, only towards node 2).
+		last := now
+		for k := 1.0; k <= silentFor; k++ {
+			now = last.Add(time.Duration(k * float64(tP)))
+			h.recv(now, setAck(h.hb(3, 1, 2, 3, 4), 4, min(int(k), ageAt3), false))
+			if ageAt3 == 0 {
+				h.recv(now, h.hb(4, 1, 2, 3, 4))
+			}
+			h.step(now.Add(time.Millisecond))
+		}
+		// Node 2 declares node 4 dead first.
+		now = now.Add(10 * time.Millisecond)
+		h.recv(now, setAck(h.hb(2, 1, 2, 3), 4, 0, true))
+		h.step(now.Add(time.Millisecond))
+		return h.m.Status().View.Eligible
+	}
+	// Tolerance 6: node 4 silent for 5 periods (dead at 6 here), node 3
+	// last heard it as long ago.
+	if v := run(t, 5, 5); !slices.Equal(v, []uint32{1, 2, 3}) {
+		t.Errorf("node 4 silent everywhere, node 2 declares it dead first: view %v, want [1 2 3]", v)
+	}
+	// Node 4 heard by node 1 and node 3 a moment ago: the link to node 2
+	// is cut one way, and node 2 is the deaf side, as before.
+	if v := run(t, 5, 0); !slices.Equal(v, []uint32{1, 3, 4}) {
+		t.Errorf("link 4->2 cut, node 4 heard by the others: view %v, want [1 3 4]", v)
+	}
+}

@@ -25,11 +25,23 @@ import (
 // or both ways, a deaf or mute node, a few links) that leaves a largest
 // group of mutually hearing nodes.
 
+// A node that every member reporting on it last heard T/2 periods ago or
+// more (the acks' ages, and this node's own hearing) is silent everywhere:
+// it is dying or dead, and the first node to declare it dead must not be
+// taken for the deaf side of their broken link. Without this rule, each
+// time a node died, every other node dropped the first peer to declare the
+// death from its view (that peer heard one node fewer than the dead one
+// claimed to hear), until it declared the death itself: on a busy 32-node
+// lab that was a view change across the cluster for 100-500 ms, and the
+// dropped peer, excluded, yielded all its buckets. Such a node goes first,
+// before newcomers; a node heard recently by anyone is judged as before,
+// so a link cut one way is not affected.
+
 // reachCache remembers the last computation: recompute runs on every tick.
 type reachCache struct {
-	valid        bool
-	version      uint64
-	in, out, new []uint32
+	valid                bool
+	version              uint64
+	in, out, new, silent []uint32
 }
 
 // mutual returns the largest group of elig (sorted) in which every pair
@@ -41,7 +53,8 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 			fresh = append(fresh, id)
 		}
 	}
-	if c := &m.reach; c.valid && c.version == m.version && slices.Equal(c.in, elig) && slices.Equal(c.new, fresh) {
+	silent := m.silentEverywhere(elig, now)
+	if c := &m.reach; c.valid && c.version == m.version && slices.Equal(c.in, elig) && slices.Equal(c.new, fresh) && slices.Equal(c.silent, silent) {
 		return c.out
 	}
 	n := len(elig)
@@ -66,7 +79,7 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 			left[i] = true
 		}
 		for {
-			worst, wn, wb, wd := -1, false, 0, 0
+			worst, ws, wn, wb, wd := -1, false, false, 0, 0
 			for i := range n {
 				if !left[i] {
 					continue
@@ -84,9 +97,22 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 					}
 				}
 				nc := slices.Contains(fresh, elig[i]) && brokenAmongOthers(hears, left, n, i, slices.Index(elig, m.cfg.Self))
-				// Newcomers first; ties go to the later (higher) id.
-				if b > 0 && (worst < 0 || (nc && !wn) || (nc == wn && (b > wb || (b == wb && d >= wd)))) {
-					worst, wn, wb, wd = i, nc, b, d
+				sl := slices.Contains(silent, elig[i])
+				// Nodes silent everywhere first, then newcomers; ties go
+				// to the later (higher) id.
+				better := false
+				switch {
+				case worst < 0:
+					better = true
+				case sl != ws:
+					better = sl
+				case nc != wn:
+					better = nc
+				default:
+					better = b > wb || (b == wb && d >= wd)
+				}
+				if b > 0 && better {
+					worst, ws, wn, wb, wd = i, sl, nc, b, d
 				}
 			}
 			if worst < 0 {
@@ -101,7 +127,37 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 			}
 		}
 	}
-	m.reach = reachCache{valid: true, version: m.version, in: elig, out: out, new: fresh}
+	m.reach = reachCache{valid: true, version: m.version, in: elig, out: out, new: fresh, silent: silent}
+	return out
+}
+
+// silentEverywhere returns the peers of elig (sorted) that this node has
+// not heard for T/2 periods or more and that every other member of elig
+// that acknowledges them last heard T/2 periods ago or more, by its last
+// heartbeat's ages. A peer kept through a restart window is never silent.
+func (m *Machine[S]) silentEverywhere(elig []uint32, now time.Time) []uint32 {
+	half := max(m.cfg.Tolerance/2, 1)
+	var out []uint32
+	for _, id := range elig {
+		p := m.peers[id]
+		if id == m.cfg.Self || p == nil || p.msg == nil || m.kept(p, now) || now.Sub(p.lastHeard) < m.period(half) {
+			continue
+		}
+		heard := false
+		for _, j := range elig {
+			q := m.peers[j]
+			if j == id || j == m.cfg.Self || q == nil || q.msg == nil {
+				continue
+			}
+			if a, ok := ackOf(q.msg.Acks, id); ok && a.Incarnation == p.msg.Incarnation && int(a.Age) < half {
+				heard = true
+				break
+			}
+		}
+		if !heard {
+			out = append(out, id)
+		}
+	}
 	return out
 }
 
