@@ -36,10 +36,15 @@ func Assign(c *Config, eligible []NodeID) *Owners {
 // changing one node's weight on one rule recomputes that rule only. A nil
 // Assigner remembers nothing. It is not safe for concurrent use.
 type Assigner struct {
-	memo   map[string]*[NumBuckets]NodeID // by ruleInputs
-	next   map[string]*[NumBuckets]NodeID // filled during one Assign
-	mapsOf *Config                        // the config maps was computed from
-	maps   map[RuleID]*Mapping
+	memo map[string]*[NumBuckets]NodeID // by ruleInputs
+	next map[string]*[NumBuckets]NodeID // filled during one Assign
+	// split and nextSplit: each rule's first split of its buckets among
+	// the candidates (by splitKey), which does not depend on who is
+	// eligible: a view that only adds or drops nodes re-splits only their
+	// groups.
+	split, nextSplit map[string][][]uint16
+	mapsOf           *Config // the config maps was computed from
+	maps             map[RuleID]*Mapping
 }
 
 // Assign is Assign with memory. The tables it returns are shared with later
@@ -53,7 +58,8 @@ func (a *Assigner) Assign(c *Config, eligible []NodeID) *Owners {
 	}
 	if a != nil {
 		a.next = make(map[string]*[NumBuckets]NodeID, len(c.Rules))
-		defer func() { a.memo, a.next = a.next, nil }()
+		a.nextSplit = make(map[string][][]uint16, len(c.Rules))
+		defer func() { a.memo, a.next, a.split, a.nextSplit = a.next, nil, a.nextSplit, nil }()
 	}
 	o := &Owners{Rules: make(map[RuleID]*[NumBuckets]NodeID, len(c.Rules)+1)}
 	switch {
@@ -69,13 +75,13 @@ func (a *Assigner) Assign(c *Config, eligible []NodeID) *Owners {
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		if a == nil {
-			o.Rules[r.ID] = assignRule(c, r, elig)
+			o.Rules[r.ID] = assignRule(c, r, elig, nil)
 			continue
 		}
 		key := ruleInputs(c, r, elig)
 		t := a.memo[key]
 		if t == nil {
-			t = assignRule(c, r, elig)
+			t = assignRule(c, r, elig, a)
 		}
 		a.next[key] = t
 		o.Rules[r.ID] = t
@@ -118,7 +124,7 @@ func defaultHost(c *Config, elig map[NodeID]bool) NodeID {
 	return best
 }
 
-func assignRule(c *Config, r *Rule, elig map[NodeID]bool) *[NumBuckets]NodeID {
+func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) *[NumBuckets]NodeID {
 	if r.Mode == ModeDisabled || r.State != RuleEnabled {
 		return fill(NoNode)
 	}
@@ -146,8 +152,30 @@ func assignRule(c *Config, r *Rule, elig map[NodeID]bool) *[NumBuckets]NodeID {
 		all[b] = uint16(b)
 	}
 	s := splitter{seed: c.Seed ^ uint32(r.ID)*0x9e3779b9, owners: t}
-	s.spread(all, cands)
+	if a == nil || len(cands) == 0 {
+		s.spread(all, cands)
+		return t
+	}
+	// The first split is most of the work (every bucket scored for every
+	// candidate): keep it for the next view.
+	key := splitKey(s.seed, cands)
+	groups := a.split[key]
+	if groups == nil {
+		groups = s.group(all, cands)
+	}
+	a.nextSplit[key] = groups
+	s.place(groups, cands)
 	return t
+}
+
+// splitKey is what a split of every bucket depends on: the seed and the
+// candidates with their weights, not whether they take traffic.
+func splitKey(seed uint32, cands []candidate) string {
+	b := fmt.Appendf(make([]byte, 0, 8+len(cands)*8), "%d|", seed)
+	for _, cd := range cands {
+		b = fmt.Appendf(b, "%d:%d,", cd.id, cd.weight)
+	}
+	return string(b)
 }
 
 type candidate struct {
@@ -174,6 +202,14 @@ func (s *splitter) spread(buckets []uint16, cands []candidate) {
 		s.spreadOne(buckets[0], cands)
 		return
 	}
+	s.place(s.group(buckets, cands), cands)
+}
+
+// group splits buckets among cands in proportion to their weights, each
+// bucket to the candidate that scores it highest while that one has room:
+// the groups, by candidate. It does not look at who takes traffic, and
+// leaves buckets alone.
+func (s *splitter) group(buckets []uint16, cands []candidate) [][]uint16 {
 	quota := apportion(len(buckets), cands, func(ci int) uint32 {
 		// Ties in rounding go by a hash of the group, so that the extra
 		// buckets of many small groups do not all fall to one node.
@@ -200,6 +236,13 @@ func (s *splitter) spread(buckets []uint16, cands []candidate) {
 		taken[b/64] |= 1 << (b % 64)
 		groups[ci] = append(groups[ci], b)
 	}
+	return groups
+}
+
+// place gives each candidate that takes traffic its group, and spreads
+// the groups of the others over the remaining candidates. It leaves groups
+// alone (a kept split is placed again for later views).
+func (s *splitter) place(groups [][]uint16, cands []candidate) {
 	for ci, cd := range cands {
 		if cd.takes {
 			for _, b := range groups[ci] {
