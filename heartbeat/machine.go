@@ -846,10 +846,7 @@ func (m *Machine[S]) holdFor(id uint32, now time.Time) time.Duration {
 		return 0 // removed from the registry
 	case p.live && !p.msg.View.Has(id):
 		return 0
-	case m.probedDead(p, now) && (!p.live || p.probeAt.After(p.lastHeard)):
-		// A probe since its last heartbeat found nothing: dead, or
-		// dropped by the rule for a peer silent everywhere before this
-		// node's own deadline (see reach.go).
+	case !p.live && m.probedDead(p, now):
 		return 0
 	case !p.live:
 		return m.period(deathHold)
@@ -955,10 +952,6 @@ func (m *Machine[S]) isConverged(now time.Time) bool {
 		switch {
 		case p.msg.Leaving:
 			// It takes nothing again in this incarnation.
-		case m.probedDead(p, now) && p.probeAt.After(p.lastHeard):
-			// Silent since a probe found nothing there: no
-			// acknowledgement comes (dropped as silent everywhere
-			// before this node's own deadline, see reach.go).
 		case !p.msg.Settled && !p.msg.Deaf:
 			return false // it will hear this node, or settle
 		case !p.claimSince.IsZero():

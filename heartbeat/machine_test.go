@@ -595,7 +595,6 @@ func TestFirstToDeclareADeathStays(t *testing.T) {
 		msg.Acks = out
 		return msg
 	}
-	var lastRun *harness
 	run := func(t *testing.T, silentFor float64, ageAt3 int) []uint32 {
 		h := newHarness(t, 1, 2, 3, 4)
 		var now time.Time
@@ -623,28 +622,12 @@ func TestFirstToDeclareADeathStays(t *testing.T) {
 		now = now.Add(10 * time.Millisecond)
 		h.recv(now, setAck(h.hb(2, 1, 2, 3), 4, 0, true))
 		h.step(now.Add(time.Millisecond))
-		lastRun = h
 		return h.m.Status().View.Eligible
 	}
 	// Tolerance 6: node 4 silent for 5 periods (dead at 6 here), node 3
 	// last heard it as long ago.
 	if v := run(t, 5, 5); !slices.Equal(v, []uint32{1, 2, 3}) {
 		t.Errorf("node 4 silent everywhere, node 2 declares it dead first: view %v, want [1 2 3]", v)
-	}
-	// With a probe since its last heartbeat that found node 4 gone, node 1
-	// acquires in that view as soon as nodes 2 and 3 agree, without the
-	// hold a dropped node that may still be alive gets.
-	if st := lastRun.m.Status(); true {
-		now := st.AdoptedAt.Add(5 * time.Millisecond)
-		lastRun.m.Probe(now, 4, ProbeSilent)
-		lastRun.step(now)
-		for _, id := range []uint32{2, 3} {
-			lastRun.recv(now.Add(time.Millisecond), setAck(lastRun.hb(id, 1, 2, 3), 4, 0, true))
-		}
-		lastRun.m.Tick(now.Add(2 * time.Millisecond))
-		if st := lastRun.m.Status(); !st.Converged {
-			t.Errorf("node 4 probed gone, nodes 2 and 3 agree on [1 2 3]: converged %v %v after adopting, want at once", st.Converged, now.Add(2*time.Millisecond).Sub(st.AdoptedAt))
-		}
 	}
 	// Node 4 heard by node 1 and node 3 a moment ago: the link to node 2
 	// is cut one way, and node 2 is the deaf side, as before.
