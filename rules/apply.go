@@ -258,15 +258,11 @@ func (c *SetHandlingPriority) apply(s *State) (Result, error) {
 
 // legacyNote explains a limit of 32 that an older member imposes.
 func (s *State) legacyNote(top int) string {
-	if top >= MaxHostPriority {
+	n := s.legacyMember()
+	if top >= MaxHostPriority || n == nil {
 		return ""
 	}
-	for i := range s.Nodes {
-		if n := &s.Nodes[i]; n.level() < bigClusterLevel {
-			return fmt.Sprintf(" (node %d (%s) runs a shoal at command level %d; %d once every node is at level %d)", n.ID, n.Name, n.level(), MaxHostPriority, bigClusterLevel)
-		}
-	}
-	return ""
+	return fmt.Sprintf(" (node %d (%s) runs a shoal at command level %d; %d once every node is at level %d)", n.ID, n.Name, n.level(), MaxHostPriority, bigClusterLevel)
 }
 
 // freePriorities lists the host priorities no node holds, for messages.

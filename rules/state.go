@@ -64,12 +64,20 @@ func (ni *NodeInfo) level() int { return max(1, ni.CommandLevel) }
 // node reports command level 5, NLB's 32 before. Every replica decides it
 // from the same replicated registry, so all apply a registration alike.
 func (s *State) MaxPriority() int {
-	for i := range s.Nodes {
-		if s.Nodes[i].level() < bigClusterLevel {
-			return legacyMaxPriority
-		}
+	if s.legacyMember() != nil {
+		return legacyMaxPriority
 	}
 	return MaxHostPriority
+}
+
+// legacyMember is the first registered node below bigClusterLevel, or nil.
+func (s *State) legacyMember() *Node {
+	for i := range s.Nodes {
+		if s.Nodes[i].level() < bigClusterLevel {
+			return &s.Nodes[i]
+		}
+	}
+	return nil
 }
 
 // CheckSupported returns ErrUnsupported unless every registered node
