@@ -25,6 +25,7 @@ var labBuildFlags = []cli.Flag{
 		Usage: "the VIPs' address family: 4, 6 (an IPv6 VIP from 2001:db8::/32) or dual (an IPv4 and an IPv6 VIP)"},
 	&cli.StringFlag{Name: "server", Value: string(lab.ServerBuiltin),
 		Usage: "the HTTP server on every node: builtin (VIP:80), dualstack (the built-in one on [::]:80), nginx or apache (Debian's)"},
+	&cli.IntFlag{Name: "servers", Usage: "run the HTTP server on the first `N` nodes only; the others run the agent alone, at weight 0 on the VIP's rules (default: every node)"},
 	&cli.DurationFlag{Name: "period", Usage: "heartbeat period of the agents (default: the agent's)"},
 	&cli.StringFlag{Name: "mac-mode", Value: "multicast", Usage: "the cluster's MAC mode: multicast (a flooding switch), igmp (a switch with IGMP snooping and a querier, and a bystander namespace) or routed (FRR in a router namespace between the client and the nodes, BGP and BFD to every node, kernel ECMP)"},
 	&cli.BoolFlag{Name: "no-forward", Usage: "routed mode without forwarding to the owner: every node keeps what the router sends it, as plain ECMP does (to compare)"},
@@ -250,12 +251,13 @@ var labLoadCommand = &cli.Command{
 
 func labOptions(c *cli.Context) lab.Options {
 	return lab.Options{
-		Nodes:  c.Int("nodes"),
-		Period: c.Duration("period"),
-		Server: lab.Server(c.String("server")),
-		Family: lab.Family(c.String("family")),
-		Binary: c.String("binary"),
-		Base:   c.String("base"),
+		Nodes:   c.Int("nodes"),
+		Period:  c.Duration("period"),
+		Server:  lab.Server(c.String("server")),
+		Servers: c.Int("servers"),
+		Family:  lab.Family(c.String("family")),
+		Binary:  c.String("binary"),
+		Base:    c.String("base"),
 
 		MACMode:   c.String("mac-mode"),
 		NoForward: c.Bool("no-forward"),

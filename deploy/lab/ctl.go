@@ -49,6 +49,32 @@ func (c Ctl) Status(ctx context.Context, socket string) (NodeStatus, error) {
 
 // statusHTTP asks the agent's control socket directly, as the CLI does.
 func (c Ctl) statusHTTP(ctx context.Context, socket string) (NodeStatus, error) {
+	var st NodeStatus
+	err := c.get(ctx, socket, "/v1/status", &st)
+	return st, err
+}
+
+// Taken returns the packets the node's data plane took for every rule:
+// accepted, or handed over to it and taken.
+func (c Ctl) Taken(ctx context.Context, socket string) (uint64, error) {
+	var p struct {
+		Packets map[string]struct {
+			Accepted uint64            `json:"accepted"`
+			Handed   map[string]uint64 `json:"handed"`
+		} `json:"packets"`
+	}
+	if err := c.get(ctx, socket, "/v1/params", &p); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, pc := range p.Packets {
+		n += pc.Accepted + pc.Handed["in"]
+	}
+	return n, nil
+}
+
+// get decodes the answer to a GET of path on the agent's control socket.
+func (c Ctl) get(ctx context.Context, socket, path string, out any) error {
 	cl := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -56,23 +82,22 @@ func (c Ctl) statusHTTP(ctx context.Context, socket string) (NodeStatus, error) 
 		},
 		DisableKeepAlives: true,
 	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://shoal/v1/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://shoal"+path, nil)
 	if err != nil {
-		return NodeStatus{}, err
+		return err
 	}
 	resp, err := cl.Do(req)
 	if err != nil {
-		return NodeStatus{}, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return NodeStatus{}, fmt.Errorf("GET /v1/status: %s", resp.Status)
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
 	}
-	var st NodeStatus
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return NodeStatus{}, fmt.Errorf("GET /v1/status: %w", err)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
 	}
-	return st, nil
+	return nil
 }
 
 // AddRule adds a TCP port rule for vip:port in multiple-host mode with no

@@ -49,6 +49,15 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	default:
 		return nil, fmt.Errorf("lab: mac mode %q: want multicast, igmp or routed", o.MACMode)
 	}
+	if o.Servers < 0 || o.Servers > o.Nodes {
+		return nil, fmt.Errorf("lab: --servers %d: want 1..%d (the nodes that run a server), or 0 for every node", o.Servers, o.Nodes)
+	}
+	if o.Servers > 0 && o.MACMode == "routed" {
+		return nil, fmt.Errorf("lab: --servers: a routed lab runs a server on every node (the router spreads connections over every node it has a route to)")
+	}
+	if err := machineFits(o); err != nil {
+		return nil, err
+	}
 	if o.Base == "" {
 		o.Base = DefaultBase
 	}
@@ -74,6 +83,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	}
 	st.Binary = o.Binary
 	st.Server = server
+	st.Servers = o.Servers
 	if o.MACMode == "igmp" {
 		st.MACMode = o.MACMode
 		st.Bystander = &Host{Name: "bystander", Namespace: st.ID + "-bystander", BridgePort: "p-bystander"}
@@ -444,8 +454,10 @@ func (l *Lab) startCluster(ctx context.Context, period time.Duration, parallel b
 		if _, err := l.Start(n.Name, "agent", "agent", "--config", n.Config); err != nil {
 			return err
 		}
-		if _, err := l.StartServer(ctx, n.Name); err != nil {
-			return err
+		if i < len(l.Served()) {
+			if _, err := l.StartServer(ctx, n.Name); err != nil {
+				return err
+			}
 		}
 		if parallel || i == len(l.Nodes)-1 {
 			continue // waitReady waits for the whole cluster
@@ -597,6 +609,11 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 	for _, vip := range l.VIPs() {
 		if err := l.ctl.AddRule(ctx, l.Nodes[0].Socket, vip.String(), HTTPPort); err != nil {
 			return fmt.Errorf("lab: add the default rule for %s: %w", vip, err)
+		}
+		for _, n := range l.Nodes[len(l.Served()):] {
+			if _, err := l.ctl.Run(ctx, l.Nodes[0].Socket, "weight", "set", vip.String(), n.Name, "0"); err != nil {
+				return fmt.Errorf("lab: %s runs no server: weight 0 on %s: %w", n.Name, vip, err)
+			}
 		}
 	}
 	first, err := l.ctl.Status(ctx, l.Nodes[0].Socket)

@@ -15,6 +15,11 @@ type Options struct {
 	Base   string        // state and work directories; DefaultBase if empty
 	Period time.Duration // agents' heartbeat period; the agent's default if zero
 	Server Server        // the HTTP server on every node; ServerBuiltin if empty
+	// Servers, if not zero, runs the HTTP server on the first Servers
+	// nodes only: the others run the agent alone, at weight 0 on the
+	// VIPs' rules (full members that take no connections), so that a big
+	// lab measures the agents rather than as many servers.
+	Servers int
 	Family Family        // the VIPs' address family; Family4 if empty
 	// NoAgents builds the network only: no agent, no HTTP server, no rule.
 	NoAgents bool

@@ -41,7 +41,16 @@ type Report struct {
 	RecoveryP50MS float64     `json:"recovery_p50_ms,omitempty"`
 	RecoveryP99MS float64     `json:"recovery_p99_ms,omitempty"`
 	LaterFailures int         `json:"later_pulls_failed,omitempty"`
-	Before        load.Result `json:"before"`
+	// Served is how many nodes run the HTTP server and take connections
+	// (the others are at weight 0), if not every node.
+	Served int `json:"served,omitempty"`
+	// Balance is the most buckets a served node owns of a rule shared by
+	// several nodes, over the mean (1 is even), before the first pull.
+	Balance float64 `json:"balance,omitempty"`
+	// Packets compares, in the phases without a change, the IPv4 packets
+	// the client sent with those the nodes took (IPv4 labs).
+	Packets map[string]PacketCheck `json:"packets,omitempty"`
+	Before  load.Result            `json:"before"`
 	During        load.Result `json:"during"`
 	After         load.Result `json:"after"`
 	// Also is the traffic to the lab's other VIP (the IPv6 one of a dual
@@ -82,6 +91,14 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "        failed requests started %+.0f to %+.0f ms from the pull\n", first-r.PullAtMS, last-r.PullAtMS)
 	}
 	phase(w, "after", r.After)
+	if r.Balance > 0 {
+		fmt.Fprintf(w, "balance: the busiest node owns %.3f times the mean share of buckets\n", r.Balance)
+	}
+	for _, ph := range []string{"before", "after"} {
+		if p, ok := r.Packets[ph]; ok {
+			fmt.Fprintf(w, "packets %s: the client sent %d, the nodes took %d (%d twice, %d by none)\n", ph, p.Sent, p.Taken, p.Twice(), p.Untaken())
+		}
+	}
 	for _, a := range r.Also {
 		fmt.Fprintf(w, "\nand at the same time, VIP %s (client resolved it to %s)\n", a.VIP, resolved(a.ClientNeighbor, a.ClusterMAC))
 		phase(w, "before", a.Before)

@@ -66,8 +66,14 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 		}
 		return rep, l.runRouted(ctx, o, rep)
 	}
+	if len(l.Served()) < len(l.Nodes) {
+		rep.Served = len(l.Served())
+	}
 	var also []load.Result
-	if rep.Before, also, err = l.loadEach(ctx, la, others, o.Progress); err != nil {
+	if err := l.checkPackets(ctx, rep, "before", func() error {
+		rep.Before, also, err = l.loadEach(ctx, la, others, o.Progress)
+		return err
+	}); err != nil {
 		return rep, err
 	}
 	if rep.ClientARP, err = l.Neighbor(ctx, l.VIP.String()); err != nil {
@@ -85,9 +91,13 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 		return rep, fmt.Errorf("lab: status before the pull: %w", err)
 	}
 	rules := RuleIDs(st)
-	victim := len(l.Nodes) - 1
+	rep.Balance = Balance(st[:len(l.Served())], rules)
+	// The pulls take served nodes, from the last one back: a node at
+	// weight 0 owns no bucket to cover.
+	served := len(l.Served())
+	victim := served - 1
 	dead := st[victim].NodeID
-	survivors := l.Nodes[:victim]
+	survivors := append(slices.Clone(l.Nodes[:victim]), l.Nodes[victim+1:]...)
 	rep.Victim = l.Nodes[victim].Name
 
 	// Traffic goes on through the pull: 1 s before it, then o.Duration.
@@ -151,7 +161,10 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	}
 
 	l.progress(o.Progress, "traffic after the failover (%v)", o.Duration)
-	if rep.After, also, err = l.loadEach(ctx, la, others, o.Progress); err != nil {
+	if err := l.checkPackets(ctx, rep, "after", func() error {
+		rep.After, also, err = l.loadEach(ctx, la, others, o.Progress)
+		return err
+	}); err != nil {
 		return rep, err
 	}
 	for i := range also {
@@ -164,7 +177,7 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 		if err := l.Plug(ctx, l.Nodes[victim].Name); err != nil {
 			return rep, err
 		}
-		victim = (victim + len(l.Nodes) - 1) % len(l.Nodes)
+		victim = (victim + served - 1) % served
 		if err := l.waitAllCovered(ctx, rules, o.ReadyTimeout); err != nil {
 			return rep, fmt.Errorf("lab: after plugging back: %w", err)
 		}
@@ -186,6 +199,31 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 		l.progress(o.Progress, "pull %d/%d (%s): every bucket owned again after %.0f ms", i+1, o.Pulls, l.Nodes[victim].Name, ms(d))
 	}
 	return rep, nil
+}
+
+// checkPackets runs a phase of traffic without a change and, in an IPv4
+// lab, records in rep.Packets[phase] what the client sent and the nodes
+// took meanwhile.
+func (l *Lab) checkPackets(ctx context.Context, rep *Report, phase string, traffic func() error) error {
+	if l.Family != "" && l.Family != Family4 {
+		return traffic()
+	}
+	from, err := l.packetMark(ctx)
+	if err != nil {
+		return err
+	}
+	if err := traffic(); err != nil {
+		return err
+	}
+	p, err := l.packetsSince(ctx, from)
+	if err != nil {
+		return err
+	}
+	if rep.Packets == nil {
+		rep.Packets = map[string]PacketCheck{}
+	}
+	rep.Packets[phase] = p
+	return nil
 }
 
 // waitCovered polls the survivors every 20 ms until they cover every

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -33,14 +34,16 @@ func buildShoal(t *testing.T) string {
 
 // TestLabRun is the end-to-end drill: a 3-node cluster, traffic on new
 // connections, a pulled plug, traffic again; with an IPv4 VIP, an IPv6 one,
-// and both at once (dual: the same report for each VIP).
+// and both at once (dual: the same report for each VIP); and a 4-node
+// cluster with the HTTP server on two nodes only (--servers 2).
 func TestLabRun(t *testing.T) {
 	for _, f := range []Family{Family4, Family6, FamilyDual} {
-		t.Run("family "+string(f), func(t *testing.T) { testLabRun(t, f) })
+		t.Run("family "+string(f), func(t *testing.T) { testLabRun(t, f, 3, 0) })
 	}
+	t.Run("servers 2 of 4", func(t *testing.T) { testLabRun(t, Family4, 4, 2) })
 }
 
-func testLabRun(t *testing.T, family Family) {
+func testLabRun(t *testing.T, family Family, nodes, servers int) {
 	needRoot(t)
 	if testing.Short() {
 		t.Skip("the end-to-end lab takes ~20 s; skipped with -short")
@@ -64,7 +67,7 @@ func testLabRun(t *testing.T, family Family) {
 	defer cancel()
 	rep, err := Run(ctx, RunOptions{
 		Options: Options{
-			Nodes: 3, Binary: bin, Base: base, Family: family,
+			Nodes: nodes, Servers: servers, Binary: bin, Base: base, Family: family,
 			Log: slog.New(slog.NewTextHandler(tWriter{t}, nil)),
 		},
 		// 1000 requests/s for 3 s: the 3,000 requests on new connections the
@@ -100,9 +103,17 @@ func testLabRun(t *testing.T, family Family) {
 			t.Errorf("%s before the pull: %d requests, %d failed (%v); want 3000, all served",
 				v.VIP, v.Before.Requests, v.Before.Failures, v.Before.Errors)
 		}
-		for _, n := range []string{"node1", "node2", "node3"} {
-			if s := v.Before.Share[n]; s < 0.33-0.05 || s > 0.33+0.05 {
-				t.Errorf("%s before the pull: %s served %.1f%%, want 33%% +- 5", v.VIP, n, 100*s)
+		served := nodes
+		if servers > 0 {
+			served = servers
+		}
+		for i := range nodes {
+			n, want := fmt.Sprintf("node%d", i+1), 1/float64(served)
+			if i >= served {
+				want = 0 // no server: weight 0
+			}
+			if s := v.Before.Share[n]; s < want-0.05 || s > want+0.05 {
+				t.Errorf("%s before the pull: %s served %.1f%%, want %.0f%% +- 5", v.VIP, n, 100*s, 100*want)
 			}
 		}
 		if v.After.Requests == 0 || v.After.Failures != 0 {
@@ -111,6 +122,20 @@ func testLabRun(t *testing.T, family Family) {
 		}
 		if n := v.After.ByNode[rep.Victim]; n != 0 {
 			t.Errorf("%s: the pulled node %s served %d requests after the failover", v.VIP, rep.Victim, n)
+		}
+	}
+	if want := fmt.Sprintf("node%d", servers); servers > 0 && rep.Victim != want {
+		t.Errorf("the pull took %s, want %s (the last node with a server)", rep.Victim, want)
+	}
+	if rep.Balance < 1 || rep.Balance > 1.05 {
+		t.Errorf("balance %.3f: the busiest node owns that times the mean share of buckets, want 1 to 1.05", rep.Balance)
+	}
+	if family == Family4 {
+		for _, ph := range []string{"before", "after"} {
+			p, ok := rep.Packets[ph]
+			if !ok || p.Sent == 0 || p.Twice() != 0 || p.Untaken() != 0 {
+				t.Errorf("packets %s the pull: %+v (found %v), want every packet the client sent taken by one node", ph, p, ok)
+			}
 		}
 	}
 	if rep.FailoverMS < 0 || rep.FailoverMS > 1500 {

@@ -95,6 +95,9 @@ type State struct {
 	// read (Apache's document roots).
 	Server  Server `json:"server,omitempty"`
 	WebRoot string `json:"web_root,omitempty"`
+	// Servers, if not zero, is how many nodes (the first ones) run the
+	// server; the others are at weight 0 on the VIPs' rules.
+	Servers int `json:"servers,omitempty"`
 	// BPF is a bpf filesystem mounted for the lab's agents to pin their
 	// data planes in across a restart (`shoal restart`): `ip netns exec`
 	// gives each process a mount namespace of its own, in which
@@ -103,6 +106,14 @@ type State struct {
 	// KeepLogs: Down copies the processes' logs here (Options.KeepLogs).
 	KeepLogs string    `json:"keep_logs,omitempty"`
 	Created  time.Time `json:"created"`
+}
+
+// Served returns the nodes that run the HTTP server and take connections.
+func (s *State) Served() []Host {
+	if s.Servers <= 0 || s.Servers > len(s.Nodes) {
+		return s.Nodes
+	}
+	return s.Nodes[:s.Servers]
 }
 
 // Host is one namespace on the switch: a node or the client.

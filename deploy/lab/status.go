@@ -103,6 +103,26 @@ func Covered(st []NodeStatus, rules []string, dead uint32) error {
 	return nil
 }
 
+// Balance is, over the rules of rules that several nodes of st share, the
+// most buckets one node accepts over the mean of st's nodes (1 is even);
+// 0 if no rule is shared.
+func Balance(st []NodeStatus, rules []string) float64 {
+	worst := 0.0
+	for _, r := range rules {
+		most, sharing := 0, 0
+		for _, s := range st {
+			if n := s.Accepting[r]; n > 0 {
+				most, sharing = max(most, n), sharing+1
+			}
+		}
+		if sharing < 2 {
+			continue // a single-host rule
+		}
+		worst = max(worst, float64(most)*float64(len(st))/NumBuckets)
+	}
+	return worst
+}
+
 // CoverFull returns nil when the nodes together accept exactly NumBuckets
 // of each rule in rules (no gap, no bucket twice).
 func CoverFull(st []NodeStatus, rules []string) error {

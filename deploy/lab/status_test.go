@@ -84,3 +84,20 @@ func TestRuleIDs(t *testing.T) {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
+
+func TestBalance(t *testing.T) {
+	even := NumBuckets / 4
+	st := []NodeStatus{
+		{NodeName: "node1", Accepting: map[string]int{"1": NumBuckets, "2": even + 8}},
+		{NodeName: "node2", Accepting: map[string]int{"1": 0, "2": even - 8}},
+		{NodeName: "node3", Accepting: map[string]int{"2": even}},
+		{NodeName: "node4", Accepting: map[string]int{"2": even}},
+	}
+	// Rule 1 is a single host's (one node owns it all): not a balance.
+	if got, want := Balance(st, []string{"1", "2"}), float64(even+8)/float64(even); got != want {
+		t.Errorf("Balance = %v, want %v", got, want)
+	}
+	if got := Balance(st, []string{"1"}); got != 0 {
+		t.Errorf("Balance of a single host's rule = %v, want 0", got)
+	}
+}
