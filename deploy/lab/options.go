@@ -20,7 +20,7 @@ type Options struct {
 	// VIPs' rules (full members that take no connections), so that a big
 	// lab measures the agents rather than as many servers.
 	Servers int
-	Family Family        // the VIPs' address family; Family4 if empty
+	Family  Family // the VIPs' address family; Family4 if empty
 	// NoAgents builds the network only: no agent, no HTTP server, no rule.
 	NoAgents bool
 	// ParallelStart starts every agent at once instead of one after the

@@ -36,11 +36,11 @@ type Report struct {
 	// traffic: Recoveries holds, per pull, the time from the pull to the
 	// start of the last request that failed; LaterFailures the failed
 	// requests of the pulls after the first (the first's are in During).
-	Mode          string      `json:"mode,omitempty"`
-	Recoveries    []float64   `json:"recoveries_ms,omitempty"`
-	RecoveryP50MS float64     `json:"recovery_p50_ms,omitempty"`
-	RecoveryP99MS float64     `json:"recovery_p99_ms,omitempty"`
-	LaterFailures int         `json:"later_pulls_failed,omitempty"`
+	Mode          string    `json:"mode,omitempty"`
+	Recoveries    []float64 `json:"recoveries_ms,omitempty"`
+	RecoveryP50MS float64   `json:"recovery_p50_ms,omitempty"`
+	RecoveryP99MS float64   `json:"recovery_p99_ms,omitempty"`
+	LaterFailures int       `json:"later_pulls_failed,omitempty"`
 	// Served is how many nodes run the HTTP server and take connections
 	// (the others are at weight 0), if not every node.
 	Served int `json:"served,omitempty"`
@@ -51,8 +51,8 @@ type Report struct {
 	// the client sent with those the nodes took (IPv4 labs).
 	Packets map[string]PacketCheck `json:"packets,omitempty"`
 	Before  load.Result            `json:"before"`
-	During        load.Result `json:"during"`
-	After         load.Result `json:"after"`
+	During  load.Result            `json:"during"`
+	After   load.Result            `json:"after"`
 	// Also is the traffic to the lab's other VIP (the IPv6 one of a dual
 	// lab), sent at the same time as to VIP, phase by phase.
 	Also []VIPReport `json:"also,omitempty"`
