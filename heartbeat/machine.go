@@ -262,14 +262,14 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 	m.seen[msg.Node] = seen{msg.Incarnation, msg.Seq}
 	p := m.peers[msg.Node]
 	changed := p.msg == nil || !p.live
-	reply := changed
+	reply, newView := changed, false
 	if old := p.msg; old != nil {
 		switch {
 		case msg.Incarnation != old.Incarnation:
 			// A restarted peer is a fresh member: nothing it said before counts.
 			p.behind, changed, reply = time.Time{}, true, true
 		case !msg.View.Equal(old.View):
-			changed, reply = true, true
+			changed, newView = true, true
 		case msg.Admin != old.Admin || msg.Healthy != old.Healthy || msg.Settled != old.Settled ||
 			msg.Leaving != old.Leaving || msg.Deaf != old.Deaf || msg.Keeping != old.Keeping || (msg.RestartWindow > 0) != (old.RestartWindow > 0) ||
 			msg.RulesIndex != old.RulesIndex || !msg.Draining.Equal(old.Draining) || !sameHearing(msg.Acks, old.Acks):
@@ -301,8 +301,8 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 	if acked != p.acked || agrees != p.agrees {
 		p.acked, p.agrees, changed = acked, agrees, true
 	}
-	if reply {
-		// The peer adopted a view (or came back): it needs our
+	if reply || newView && m.answers(msg) {
+		// The peer came back, or adopted a view: it needs our
 		// acknowledgement to converge, so answer now.
 		m.sendSoon(now)
 	}
@@ -333,6 +333,31 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 // Replies a heartbeat asks for are still scheduled at once (NextSend), and
 // Wake says to tick now while a recompute waits.
 func (m *Machine[S]) DeferRecompute(on bool) { m.deferred = on }
+
+// answers reports whether a peer's newly adopted view (msg.View) calls for
+// a heartbeat now rather than at the next period. A view built on rules
+// this node has not applied yet needs none: applying them changes this
+// node's view, which it announces at once, acknowledging the peer. This
+// node's own view needs one once every member advertises it: one
+// heartbeat then acknowledges them all, the last step of converging;
+// before that, an answer to each member as it adopts the view is a
+// heartbeat to every peer per member (a 32-node lab sent 13 heartbeats a
+// node for each rule change, docs/BENCHMARKS-LOG.md), and whoever adopts
+// it last completes every node's count. Any other view is answered at once:
+// the peer may be judging who hears whom, and this node's heartbeat says.
+func (m *Machine[S]) answers(msg *Message) bool {
+	switch {
+	case msg.View.RulesIndex > m.local.RulesIndex:
+		return false
+	case m.hasView && msg.View.Equal(m.view):
+		for _, id := range m.view.Eligible {
+			if p := m.peers[id]; id != m.cfg.Self && (p == nil || !p.live || p.msg == nil || !p.msg.View.Equal(m.view)) {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // claims reports whether live peer p may be accepting without hearing this
 // node: settled, in its own view, and acknowledging nothing of this
