@@ -58,15 +58,8 @@ func (m *Machine[S]) mutual(elig []uint32, now time.Time) []uint32 {
 		return c.out
 	}
 	n := len(elig)
-	hears := make([]bool, n*n) // hears[i*n+j]: elig[i] hears elig[j]
+	hears := m.hearing(elig, now)
 	broken := false
-	for i, a := range elig {
-		for j, b := range elig {
-			if i != j {
-				hears[i*n+j] = m.hears(a, b, now)
-			}
-		}
-	}
 	for i := range n {
 		for j := i + 1; j < n; j++ {
 			broken = broken || !hears[i*n+j] || !hears[j*n+i]
@@ -173,22 +166,48 @@ func brokenAmongOthers(hears, left []bool, n, i, self int) bool {
 	return false
 }
 
-// hears reports whether node a hears node b, as far as this node knows: its
-// own hearing for itself, the last heartbeat's acks for a peer. A peer kept
-// through a restart window is taken to hear and be heard.
-func (m *Machine[S]) hears(a, b uint32, now time.Time) bool {
+// hearing returns, for the sorted ids elig, which hears which, as far as
+// this node knows: hears[i*n+j] says whether elig[i] hears elig[j], by its
+// own hearing for itself and the last heartbeat's acks for a peer; a peer
+// kept through a restart window is taken to hear and be heard. Each node's acknowledgements are sorted by node, as elig is, so
+// one walk of them answers a whole row: at 50 nodes, filling the matrix
+// pair by pair (map lookups and a binary search each) was a tenth of an
+// agent's CPU in a lab's join storm (docs/BENCHMARKS-LOG.md).
+func (m *Machine[S]) hearing(elig []uint32, now time.Time) []bool {
+	n := len(elig)
 	self := m.cfg.Self
-	pa, pb := m.peers[a], m.peers[b]
-	if (pa != nil && m.kept(pa, now)) || (pb != nil && m.kept(pb, now)) {
-		return true
+	ps := make([]*peer, n)
+	incs := make([]uint64, n)
+	kept := make([]bool, n)
+	for j, b := range elig {
+		if b == self {
+			incs[j] = m.cfg.Incarnation
+			continue
+		}
+		ps[j], incs[j] = m.peers[b], m.seen[b].inc
+		kept[j] = ps[j] != nil && m.kept(ps[j], now)
 	}
-	if a == self {
-		return pb.live
+	hears := make([]bool, n*n)
+	for i, a := range elig {
+		var acks []Ack
+		if a != self {
+			acks = ps[i].msg.Acks
+		}
+		k := 0
+		for j, b := range elig {
+			switch {
+			case j == i:
+			case kept[i] || kept[j]:
+				hears[i*n+j] = true
+			case a == self:
+				hears[i*n+j] = ps[j].live
+			default:
+				for k < len(acks) && acks[k].Node < b {
+					k++
+				}
+				hears[i*n+j] = k < len(acks) && acks[k].Node == b && acks[k].Incarnation == incs[j]
+			}
+		}
 	}
-	inc := m.cfg.Incarnation
-	if b != self {
-		inc = m.seen[b].inc
-	}
-	ack, ok := ackOf(pa.msg.Acks, b)
-	return ok && ack.Incarnation == inc
+	return hears
 }
