@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"syscall"
+	"time"
 
 	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/peer"
@@ -38,11 +39,21 @@ func AliveHandler(off func() bool) http.Handler {
 }
 
 // NewProbeClient returns the agent's peer client for probes: mutual TLS,
-// and a fresh connection every time, so that a probe tests that the peer
-// accepts connections now, not that an old one is still open.
+// and one connection kept per peer. A fresh connection per probe cost a
+// TLS handshake at both ends (a millisecond or more of CPU each), a tenth
+// of the agents' CPU in a 50-node lab's join storm, when many peers are
+// suspects at once (docs/BENCHMARKS-LOG.md). A kept connection answers as
+// a fresh one would: a peer whose agent ended closed it, and the probe,
+// a GET, is retried on a new connection, which is refused (gone); a
+// stalled agent answers nothing on either (silent); a pulled plug answers
+// 503 on either (gone).
 func NewProbeClient(certs *peer.Certs) *http.Client {
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: certs.ClientConfig(), DisableKeepAlives: true}}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: certs.ClientConfig(), MaxIdleConnsPerHost: 1, IdleConnTimeout: probeIdle}}
 }
+
+// probeIdle is how long a probe's connection is kept unused: a suspect is
+// usually probed again within seconds, if at all.
+const probeIdle = 30 * time.Second
 
 // PeerAPICheck probes with a GET of PathAlive: a node is alive when its
 // peer API answers anything but 503 in time (a peer without the endpoint,

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,6 +93,44 @@ func TestPeerAPICheck(t *testing.T) {
 				t.Errorf("probe result %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestPeerAPICheckKeptConnection: probes of one peer share a connection
+// (one TLS handshake); once the peer's agent ends (its listener and
+// connections closed), the next probe on that client finds it gone, as a
+// fresh connection would.
+func TestPeerAPICheckKeptConnection(t *testing.T) {
+	m := http.NewServeMux()
+	m.Handle("GET "+PathAlive, AliveHandler(func() bool { return false }))
+	ts := httptest.NewUnstartedServer(m)
+	var conns atomic.Int32
+	ts.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	c := ts.Client()
+	c.Transport.(*http.Transport).MaxIdleConnsPerHost, c.Transport.(*http.Transport).IdleConnTimeout = 1, probeIdle
+	addr := ts.Listener.Addr().String()
+	probe := func() heartbeat.ProbeResult {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		return PeerAPICheck(c)(ctx, addr)
+	}
+	for i := range 3 {
+		if got := probe(); got != heartbeat.ProbeAlive {
+			t.Fatalf("probe %d: %v, want alive", i+1, got)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("3 probes opened %d connections, want 1 (kept)", n)
+	}
+	ts.Close() // the agent ends: listener and connections closed
+	if got := probe(); got != heartbeat.ProbeGone {
+		t.Errorf("probe after the peer's agent ended: %v, want gone", got)
 	}
 }
 
