@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"net/netip"
 	"testing"
+	"time"
 )
 
 // benchMessage is a heartbeat of a node in a 64-node cluster: a view of 64
@@ -106,5 +107,22 @@ func BenchmarkMachineReceive(b *testing.B) {
 	}
 	for b.Loop() {
 		deliver(1 + int(seq%63))
+	}
+}
+
+// BenchmarkMutual: deriving who hears whom over a converged 64-node view,
+// uncached (a heartbeat changed something), as recompute does.
+func BenchmarkMutual(b *testing.B) {
+	s := newSim(b, 64, Config{}, 1)
+	s.run(s.startAll(10 * time.Second))
+	m := s.nodes[0].m
+	elig := m.View().Eligible
+	if len(elig) != 64 {
+		b.Fatalf("view of %d nodes, want 64", len(elig))
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		m.reach.valid = false
+		m.mutual(elig, s.now)
 	}
 }
