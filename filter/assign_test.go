@@ -456,4 +456,27 @@ func BenchmarkAssignerViewChange(b *testing.B) {
 			}
 		}
 	})
+	// A storm: each view leaves out another 10 of the 64 (of 20 that
+	// flap), as in a lab whose nodes starve for CPU.
+	views := make([][]NodeID, 16)
+	rng := rand.New(rand.NewPCG(5, 5))
+	for v := range views {
+		out := map[NodeID]bool{}
+		for len(out) < 10 {
+			out[NodeID(1+rng.IntN(20))] = true
+		}
+		for _, id := range all {
+			if !out[id] {
+				views[v] = append(views[v], id)
+			}
+		}
+	}
+	b.Run("kept-split-storm", func(b *testing.B) {
+		var a Assigner
+		i := 0
+		for b.Loop() {
+			a.Assign(c, views[i%len(views)])
+			i++
+		}
+	})
 }
