@@ -480,3 +480,31 @@ func BenchmarkAssignerViewChange(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkNewTables: the tables of one node of 64 for one rule, as each
+// push computes them (the node's share accepted, a few buckets draining
+// here and at peers).
+func BenchmarkNewTables(b *testing.B) {
+	w := make([]int, 64)
+	for i := range w {
+		w[i] = DefaultWeight
+	}
+	c := testConfig(w...)
+	o := Assign(c, ids(64))
+	accept, peers, mine := Set{}, Set{}, Set{}
+	for id, own := range o.Rules {
+		for bk, n := range own {
+			switch {
+			case n == 1:
+				accept.Add(id, uint16(bk))
+			case bk%7 == 0:
+				peers.Add(id, uint16(bk))
+			case bk%11 == 0:
+				mine.Add(id, uint16(bk))
+			}
+		}
+	}
+	for b.Loop() {
+		NewTables(c, 1, accept, peers, mine)
+	}
+}
