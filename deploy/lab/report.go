@@ -47,8 +47,10 @@ type Report struct {
 	// Balance is the most buckets a served node owns of a rule shared by
 	// several nodes, over the mean (1 is even), before the first pull.
 	Balance float64 `json:"balance,omitempty"`
-	// Packets compares, in the phases without a change, the IPv4 packets
-	// the client sent with those the nodes took (IPv4 labs).
+	// Packets compares, before and after the pulls, the IPv4 packets the
+	// client sent with those the nodes took (IPv4 labs). None is taken
+	// twice; after a pull, the client's packets for the pulled node's
+	// connections (retransmissions, resets) are taken by none.
 	Packets map[string]PacketCheck `json:"packets,omitempty"`
 	Before  load.Result            `json:"before"`
 	During  load.Result            `json:"during"`
@@ -97,6 +99,9 @@ func (r *Report) WriteText(w io.Writer) {
 	for _, ph := range []string{"before", "after"} {
 		if p, ok := r.Packets[ph]; ok {
 			fmt.Fprintf(w, "packets %s: the client sent %d, the nodes took %d (%d twice, %d by none)\n", ph, p.Sent, p.Taken, p.Twice(), p.Untaken())
+			if ph == "after" && p.Untaken() > 0 {
+				fmt.Fprintln(w, "        (by none: the client's packets for connections the pulled node held)")
+			}
 		}
 	}
 	for _, a := range r.Also {

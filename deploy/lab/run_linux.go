@@ -69,6 +69,21 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	if len(l.Served()) < len(l.Nodes) {
 		rep.Served = len(l.Served())
 	}
+	// The buckets that moved as nodes joined drain first: until then a
+	// packet of a connection that is gone is taken by no node.
+	settle := o.ReadyTimeout
+	if settle == 0 {
+		settle = max(30*time.Second, time.Duration(len(l.Nodes))*time.Second) // as Up's
+	}
+	if err := Poll(ctx, settle, l.pollEvery(), func() error {
+		st, err := l.Statuses(ctx, l.Nodes)
+		if err != nil {
+			return err
+		}
+		return Settled(st)
+	}); err != nil {
+		return rep, fmt.Errorf("lab: buckets still draining before the traffic: %w", err)
+	}
 	var also []load.Result
 	if err := l.checkPackets(ctx, rep, "before", func() error {
 		rep.Before, also, err = l.loadEach(ctx, la, others, o.Progress)

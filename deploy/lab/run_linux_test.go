@@ -131,10 +131,13 @@ func testLabRun(t *testing.T, family Family, nodes, servers int) {
 		t.Errorf("balance %.3f: the busiest node owns that times the mean share of buckets, want 1 to 1.05", rep.Balance)
 	}
 	if family == Family4 {
+		// Before the pull every packet is taken by exactly one node; after
+		// it, none twice (the client's packets for the pulled node's
+		// connections are taken by none).
 		for _, ph := range []string{"before", "after"} {
 			p, ok := rep.Packets[ph]
-			if !ok || p.Sent == 0 || p.Twice() != 0 || p.Untaken() != 0 {
-				t.Errorf("packets %s the pull: %+v (found %v), want every packet the client sent taken by one node", ph, p, ok)
+			if !ok || p.Sent == 0 || p.Twice() != 0 || ph == "before" && p.Untaken() != 0 {
+				t.Errorf("packets %s the pull: %+v (found %v), want every packet the client sent taken by one node (after the pull: by at most one)", ph, p, ok)
 			}
 		}
 	}

@@ -19,7 +19,29 @@ type NodeStatus struct {
 	RulesIndex uint64         `json:"rules_index"`
 	View       View           `json:"view"`
 	Accepting  map[string]int `json:"accepting"` // buckets accepted per rule id
+	Draining   map[string]int `json:"draining"`  // buckets held only for connections, per rule id
+	Dirty      map[string]int `json:"dirty"`     // accepted buckets another node still drains
 	Live       []uint32       `json:"live"`
+}
+
+// Settled returns nil when no node of st drains a bucket or accepts one
+// another still drains: every packet of a connection that is gone is then
+// taken by the bucket's owner, as every other packet. Otherwise the error
+// names a node that does.
+func Settled(st []NodeStatus) error {
+	for _, s := range st {
+		for r, n := range s.Draining {
+			if n > 0 {
+				return fmt.Errorf("%s drains %d buckets of rule %s", s.NodeName, n, r)
+			}
+		}
+		for r, n := range s.Dirty {
+			if n > 0 {
+				return fmt.Errorf("%s takes %d buckets of rule %s dirty", s.NodeName, n, r)
+			}
+		}
+	}
+	return nil
 }
 
 // View is the membership view a node holds.
