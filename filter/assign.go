@@ -164,8 +164,7 @@ func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) *[NumBuck
 		sp = &splits{top: s.group(all, cands), sub: map[NodeID][][]uint16{}}
 	}
 	a.nextSplit[key] = sp
-	s.sub = sp.sub
-	s.place(sp.top, cands)
+	s.place(sp.top, cands, sp.sub)
 	return t
 }
 
@@ -200,9 +199,6 @@ type splitter struct {
 	owners *[NumBuckets]NodeID
 	keys   []uint64
 	tmp    []uint64 // radixSort's
-	// sub, if not nil, keeps the splits of the top level's groups among
-	// the other candidates (splits.sub); place fills and uses it once.
-	sub map[NodeID][][]uint16
 }
 
 // spread gives each bucket in buckets to a candidate, in proportion to the
@@ -216,7 +212,7 @@ func (s *splitter) spread(buckets []uint16, cands []candidate) {
 		s.spreadOne(buckets[0], cands)
 		return
 	}
-	s.place(s.group(buckets, cands), cands)
+	s.place(s.group(buckets, cands), cands, nil)
 }
 
 // group splits buckets among cands in proportion to their weights, each
@@ -255,8 +251,11 @@ func (s *splitter) group(buckets []uint16, cands []candidate) [][]uint16 {
 
 // place gives each candidate that takes traffic its group, and spreads
 // the groups of the others over the remaining candidates. It leaves groups
-// alone (a kept split is placed again for later views).
-func (s *splitter) place(groups [][]uint16, cands []candidate) {
+// alone (a kept split is placed again for later views). kept, if not nil,
+// holds those groups' splits among the remaining candidates, by candidate,
+// and takes the ones it makes (splits.sub); deeper levels, small groups,
+// are split afresh.
+func (s *splitter) place(groups [][]uint16, cands []candidate, kept map[NodeID][][]uint16) {
 	for ci, cd := range cands {
 		if cd.takes {
 			for _, b := range groups[ci] {
@@ -270,19 +269,16 @@ func (s *splitter) place(groups [][]uint16, cands []candidate) {
 		rest := make([]candidate, 0, len(cands)-1)
 		rest = append(rest, cands[:ci]...)
 		rest = append(rest, cands[ci+1:]...)
-		sub := s.sub
-		if sub == nil || len(groups[ci]) == 1 && singleFastPath || len(rest) == 0 {
+		if kept == nil || len(groups[ci]) == 1 && singleFastPath || len(rest) == 0 {
 			s.spread(groups[ci], rest)
 			continue
 		}
-		g, ok := sub[cd.id]
+		g, ok := kept[cd.id]
 		if !ok {
 			g = s.group(groups[ci], rest)
-			sub[cd.id] = g
+			kept[cd.id] = g
 		}
-		s.sub = nil // deeper levels: small groups, split afresh
-		s.place(g, rest)
-		s.sub = sub
+		s.place(g, rest, nil)
 	}
 }
 
