@@ -392,23 +392,11 @@ func testBalanceAndPacketAccounting(t *testing.T, family lab.Family) {
 			// drain first: until then a packet of a connection that is
 			// gone is taken by no node.
 			poll(t, 10*time.Second, "no bucket draining or taken dirty", func() error {
-				for _, n := range l.Nodes {
-					st, err := client(t, l, n.Name).Status(context.Background())
-					if err != nil {
-						return err
-					}
-					for r, k := range st.Draining {
-						if k > 0 {
-							return fmt.Errorf("%s drains %d buckets of rule %d", n.Name, k, r)
-						}
-					}
-					for r, k := range st.Dirty {
-						if k > 0 {
-							return fmt.Errorf("%s takes %d buckets of rule %d dirty", n.Name, k, r)
-						}
-					}
+				st, err := l.Statuses(context.Background(), l.Nodes)
+				if err != nil {
+					return err
 				}
-				return nil
+				return lab.Settled(st)
 			})
 			sent0 := sentToVIP()
 			c0 := map[string]packetCounts{}

@@ -169,10 +169,11 @@ func brokenAmongOthers(hears, left []bool, n, i, self int) bool {
 // hearing returns, for the sorted ids elig, which hears which, as far as
 // this node knows: hears[i*n+j] says whether elig[i] hears elig[j], by its
 // own hearing for itself and the last heartbeat's acks for a peer; a peer
-// kept through a restart window is taken to hear and be heard. Each node's acknowledgements are sorted by node, as elig is, so
-// one walk of them answers a whole row: at 50 nodes, filling the matrix
-// pair by pair (map lookups and a binary search each) was a tenth of an
-// agent's CPU in a lab's join storm (docs/BENCHMARKS-LOG.md).
+// kept through a restart window is taken to hear and be heard. Each node's
+// acks are sorted by node, as elig is, so one walk of them answers a whole
+// row: at 50 nodes, filling the matrix pair by pair (map lookups and a
+// binary search each) was a tenth of an agent's CPU in a lab's join storm
+// (docs/BENCHMARKS-LOG.md).
 func (m *Machine[S]) hearing(elig []uint32, now time.Time) []bool {
 	n := len(elig)
 	self := m.cfg.Self

@@ -65,9 +65,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	if o.ReadyTimeout == 0 {
-		// A cluster converges in about a round trip per view, but a bigger
-		// one shares the machine's cores among more agents.
-		o.ReadyTimeout = max(30*time.Second, time.Duration(o.Nodes)*time.Second)
+		o.ReadyTimeout = readyTimeout(o.Nodes)
 	}
 	if o.Binary == "" {
 		if o.Binary, err = os.Executable(); err != nil {
@@ -142,6 +140,13 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		return l, err
 	}
 	return l, nil
+}
+
+// readyTimeout is the default bound on a wait for n agents to converge:
+// a cluster converges in about a round trip per view, but a bigger one
+// shares the machine's cores among more agents.
+func readyTimeout(n int) time.Duration {
+	return max(30*time.Second, time.Duration(n)*time.Second)
 }
 
 // allocate picks an unused lab id and subnet. The state file is the claim:

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -71,11 +72,7 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	}
 	// The buckets that moved as nodes joined drain first: until then a
 	// packet of a connection that is gone is taken by no node.
-	settle := o.ReadyTimeout
-	if settle == 0 {
-		settle = max(30*time.Second, time.Duration(len(l.Nodes))*time.Second) // as Up's
-	}
-	if err := Poll(ctx, settle, l.pollEvery(), func() error {
+	if err := Poll(ctx, cmp.Or(o.ReadyTimeout, readyTimeout(len(l.Nodes))), l.pollEvery(), func() error {
 		st, err := l.Statuses(ctx, l.Nodes)
 		if err != nil {
 			return err
