@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -43,10 +44,26 @@ var agentCommand = &cli.Command{
 		if c.Bool("check") {
 			return nil
 		}
+		runtime.GOMAXPROCS(agentProcs(os.Getenv))
 		ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return agent.Run(ctx, cfg)
 	},
+}
+
+// agentProcs is how many threads may run the agent's Go code at once: one,
+// unless GOMAXPROCS says otherwise. The agent's work is a stream of small
+// wake-ups (a heartbeat, a probe, a Raft message), not parallel
+// computation; with a second P idle, the runtime woke another thread to
+// look for work at nearly every one of them. In a 32-node lab at rest one
+// P cut the agents' CPU by a third (docs/BENCHMARKS-LOG.md, "Scaling,
+// fourth step"), and it bounds what the agent takes from the node's own
+// server to one core. The data plane runs in the kernel and is unaffected.
+func agentProcs(getenv func(string) string) int {
+	if v := getenv("GOMAXPROCS"); v != "" {
+		return runtime.GOMAXPROCS(0) // the runtime has read it already
+	}
+	return 1
 }
 
 // loadAgentConfig reads the configuration: the file, then SHOAL_*

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -279,5 +280,21 @@ func TestAPIErrorsReachTheUser(t *testing.T) {
 	out, code = run(t, "--socket", sock, "enable", "198.18.7.100:80", "--node", "a", "--all-nodes")
 	if code != exitUsage {
 		t.Errorf("--node with --all-nodes: exit %d: %s", code, out)
+	}
+}
+
+func TestAgentProcs(t *testing.T) {
+	none := func(string) string { return "" }
+	if got := agentProcs(none); got != 1 {
+		t.Errorf("agentProcs without GOMAXPROCS = %d, want 1", got)
+	}
+	set := func(k string) string {
+		if k == "GOMAXPROCS" {
+			return "3"
+		}
+		return ""
+	}
+	if got, want := agentProcs(set), runtime.GOMAXPROCS(0); got != want {
+		t.Errorf("agentProcs with GOMAXPROCS set = %d, want the runtime's %d", got, want)
 	}
 }
