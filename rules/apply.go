@@ -231,12 +231,17 @@ func (c *SetWeight) apply(s *State) (Result, error) {
 	if w < 0 || w > filter.MaxWeight {
 		return Result{}, fmt.Errorf("%w: weight %d is outside 0-100 (0 takes no new connections; use equal for the default %d)", ErrInvalid, c.Weight, filter.DefaultWeight)
 	}
-	n, nr, err := s.nodeRule(c.Node, c.Rule)
-	if err != nil {
-		return Result{}, err
+	rules, nodes := c.pairs()
+	for _, rule := range rules {
+		for _, node := range nodes {
+			n, nr, err := s.nodeRule(node, rule)
+			if err != nil {
+				return Result{}, err
+			}
+			nr.Weight = w
+			n.setNodeRule(rule, nr)
+		}
 	}
-	nr.Weight = w
-	n.setNodeRule(c.Rule, nr)
 	return Result{}, nil
 }
 

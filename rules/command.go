@@ -87,13 +87,16 @@ var commandTable = map[CommandType]func() Command{
 // added later gets the next level in commandSince, and the leader proposes
 // it only once every registered node reports that level, so no replica
 // meets an entry it cannot decode during a rolling upgrade.
-const CommandLevel = bigClusterLevel
+const CommandLevel = listedWeightLevel
 
 // commandSince is the level each command type needs; types not listed
 // need level 1.
 var commandSince = map[CommandType]int{
 	TypeSetMACMode: 2,
 }
+
+// listedWeightLevel is the level a SetWeight with lists needs.
+const listedWeightLevel = 6
 
 // zoneLevel is the level a registration with a zone needs (NodeInfo.Zone:
 // replicas below it refuse the field).
@@ -203,10 +206,41 @@ type SetRuleState struct {
 const WeightEqual = -1
 
 // SetWeight sets a node's load weight on a rule: 0..100, or WeightEqual.
+// Listing more rules or nodes (as `shoal weight set all node3,node4 0`
+// does) sets the weight on every pair of them in one step, one view change
+// for the cluster rather than one per pair; the lists need
+// listedWeightLevel on every member (an older replica would read only Rule
+// and Node), so a single pair is written without them.
 type SetWeight struct {
 	Rule   filter.RuleID
 	Node   filter.NodeID
 	Weight int
+	Rules  []filter.RuleID `json:",omitempty"`
+	Nodes  []filter.NodeID `json:",omitempty"`
+}
+
+// NewSetWeight returns the command that sets weight on every pair of the
+// rules and nodes given (at least one of each).
+func NewSetWeight(rules []filter.RuleID, nodes []filter.NodeID, weight int) *SetWeight {
+	c := &SetWeight{Weight: weight}
+	if len(rules) == 1 && len(nodes) == 1 {
+		c.Rule, c.Node = rules[0], nodes[0]
+		return c
+	}
+	c.Rules, c.Nodes = rules, nodes
+	return c
+}
+
+// pairs returns the rules and the nodes the command names.
+func (c *SetWeight) pairs() ([]filter.RuleID, []filter.NodeID) {
+	rules, nodes := c.Rules, c.Nodes
+	if c.Rule != 0 || len(rules) == 0 {
+		rules = append([]filter.RuleID{c.Rule}, rules...)
+	}
+	if c.Node != 0 || len(nodes) == 0 {
+		nodes = append([]filter.NodeID{c.Node}, nodes...)
+	}
+	return rules, nodes
 }
 
 // SetHandlingPriority sets a node's handling priority on a rule (1..64, or 1..32 until every member is at command level 5; 0

@@ -127,6 +127,10 @@ func TestFSMCommands(t *testing.T) {
 		{"weight equal removes the override", &SetWeight{Rule: 1, Node: 1, Weight: WeightEqual}, Result{}, func(s *State) {
 			s.Nodes[0].Rules = nil
 		}},
+		{"weight on every listed pair", NewSetWeight([]filter.RuleID{1, 2}, []filter.NodeID{2, 3}, 0), Result{}, func(s *State) {
+			s.Nodes[1].Rules = map[filter.RuleID]filter.NodeRule{1: {Weight: 0}, 2: {Weight: 0}}
+			s.Nodes[2].Rules = map[filter.RuleID]filter.NodeRule{1: {Weight: 0}, 2: {Weight: 0}}
+		}},
 		{"handling priority", &SetHandlingPriority{Rule: 2, Node: 3, Priority: 9}, Result{}, func(s *State) {
 			s.Nodes[2].Rules = map[filter.RuleID]filter.NodeRule{2: {Weight: filter.DefaultWeight, HandlingPriority: 9}}
 		}},
@@ -245,6 +249,7 @@ func TestFSMErrors(t *testing.T) {
 		{"weight below 0", nil, &SetWeight{Rule: 1, Node: 1, Weight: -2}, ErrInvalid, "outside 0-100"},
 		{"weight, unknown node", nil, &SetWeight{Rule: 1, Node: 9, Weight: 10}, ErrUnknownNode, "node 9"},
 		{"weight, unknown rule", nil, &SetWeight{Rule: 9, Node: 1, Weight: 10}, ErrUnknownRule, "rule 9"},
+		{"weights, one unknown node of the list", nil, NewSetWeight([]filter.RuleID{1, 2}, []filter.NodeID{2, 9}, 0), ErrUnknownNode, "node 9"},
 		{"duplicate handling priority in single-host rule", nil, &SetHandlingPriority{Rule: 2, Node: 3, Priority: 1}, ErrConflict, "both have handling priority 1"},
 		{"handling priority out of range", nil, &SetHandlingPriority{Rule: 1, Node: 3, Priority: 33}, ErrInvalid, "outside 1-32"},
 		{"duplicate host priority", nil, &SetHostPriority{Node: 3, Priority: 1}, ErrConflict, "taken by node 1"},
@@ -365,6 +370,37 @@ func TestCheckSupported(t *testing.T) {
 		if err := tf.f.current().CheckSupported(&testLevel2{}); (err == nil) != (i == 2) {
 			t.Errorf("after %d of 3 nodes report level 2: %v", i+1, err)
 		}
+	}
+}
+
+// TestListedWeightsNeedLevel6: a member below level 6 would read only
+// SetWeight's Rule and Node and diverge, so lists wait for every member at
+// level 6; a single pair is written without them and needs nothing more.
+func TestListedWeightsNeedLevel6(t *testing.T) {
+	tf := seeded(t)
+	for i, n := range []string{"n1", "n2", "n3"} {
+		info := nodeInfo(n, i+1)
+		info.CommandLevel = 5
+		tf.mustApply(&RegisterNode{Info: info})
+	}
+	one := NewSetWeight([]filter.RuleID{1}, []filter.NodeID{2}, 0)
+	if one.Rules != nil || one.Nodes != nil {
+		t.Errorf("one pair written with lists: %+v", one)
+	}
+	if err := tf.f.current().CheckSupported(one); err != nil {
+		t.Errorf("one pair with every node at level 5: %v", err)
+	}
+	listed := NewSetWeight([]filter.RuleID{1}, []filter.NodeID{2, 3}, 0)
+	if err := tf.f.current().CheckSupported(listed); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("listed nodes with every node at level 5: %v, want ErrUnsupported", err)
+	}
+	for i, n := range []string{"n1", "n2", "n3"} {
+		info := nodeInfo(n, i+1)
+		info.CommandLevel = 6
+		tf.mustApply(&RegisterNode{Info: info})
+	}
+	if err := tf.f.current().CheckSupported(listed); err != nil {
+		t.Errorf("listed nodes with every node at level 6: %v", err)
 	}
 }
 

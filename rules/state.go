@@ -87,6 +87,9 @@ func (s *State) CheckSupported(cmd Command) error {
 	if m, ok := cmd.(*SetMACMode); ok && m.Mode == MACRouted {
 		need = max(need, 3) // a member below level 3 would refuse the mode and diverge
 	}
+	if w, ok := cmd.(*SetWeight); ok && (len(w.Rules) > 0 || len(w.Nodes) > 0) {
+		need = max(need, listedWeightLevel)
+	}
 	if r, ok := cmd.(*RegisterNode); ok && r.Info.Zone != "" {
 		need = max(need, zoneLevel)
 	}

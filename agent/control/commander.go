@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -287,9 +288,17 @@ func (c *Commander) SetWeight(ctx context.Context, req WeightRequest) error {
 	if err != nil {
 		return err
 	}
-	n, err := c.node(st, req.Node)
-	if err != nil {
-		return err
+	var nodes []filter.NodeID
+	for _, name := range strings.Split(req.Node, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" && req.Node != "" {
+			return BadRequest("nodes %q: an empty name in the list", req.Node)
+		}
+		n, err := c.node(st, name) // none named: this node
+		if err != nil {
+			return err
+		}
+		nodes = append(nodes, n.ID)
 	}
 	w := rules.WeightEqual
 	if req.Weight != "equal" {
@@ -299,9 +308,18 @@ func (c *Commander) SetWeight(ctx context.Context, req WeightRequest) error {
 		}
 		w = v
 	}
+	// Every pair in one write, one view change; a cluster with a member
+	// too old to read the lists gets a write per pair.
+	cmd := rules.NewSetWeight(ids, nodes, w)
+	if err := st.CheckSupported(cmd); !errors.Is(err, rules.ErrUnsupported) {
+		_, err = c.apply(ctx, cmd)
+		return err
+	}
 	for _, id := range ids {
-		if _, err := c.apply(ctx, &rules.SetWeight{Rule: id, Node: n.ID, Weight: w}); err != nil {
-			return err
+		for _, n := range nodes {
+			if _, err := c.apply(ctx, rules.NewSetWeight([]filter.RuleID{id}, []filter.NodeID{n}, w)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -16,11 +17,13 @@ import (
 // fakeStore records the command the Commander proposes.
 type fakeStore struct {
 	st  *rules.State
-	got rules.Command
+	got rules.Command   // the last
+	all []rules.Command // every one, in order
 }
 
 func (f *fakeStore) Apply(_ context.Context, cmd rules.Command) (rules.Result, error) {
 	f.got = cmd
+	f.all = append(f.all, cmd)
 	return rules.Result{}, nil
 }
 func (f *fakeStore) State() *rules.State { return f.st.Clone() }
@@ -96,6 +99,61 @@ func TestEditRule(t *testing.T) {
 			}
 			if info.ID != 1 || info.Affinity != tc.want.Affinity.String() {
 				t.Errorf("answer %+v, want rule 1 with affinity %s", info, tc.want.Affinity)
+			}
+		})
+	}
+}
+
+// TestSetWeightPairs: a weight on several rules and nodes is one write, so
+// one view change, unless a member is too old to read it; then one write
+// per pair, as before.
+func TestSetWeightPairs(t *testing.T) {
+	withNodes := func(level int) *rules.State {
+		st := testState()
+		for i, name := range []string{"n1", "n2", "n3"} {
+			st.Nodes = append(st.Nodes, rules.Node{ID: filter.NodeID(i + 1), NodeInfo: rules.NodeInfo{Name: name, HostPriority: i + 1, CommandLevel: level,
+				HeartbeatAddr: fmt.Sprintf("198.18.7.%d:7946", i+1), RaftAddr: fmt.Sprintf("198.18.7.%d:7000", i+1), APIAddr: fmt.Sprintf("198.18.7.%d:7001", i+1)}})
+		}
+		st.LastNodeID = 3
+		return st
+	}
+	both, two := []filter.RuleID{1, 2}, []filter.NodeID{2, 3}
+	pair := func(r filter.RuleID, n filter.NodeID) rules.Command {
+		return rules.NewSetWeight([]filter.RuleID{r}, []filter.NodeID{n}, 0)
+	}
+	tests := []struct {
+		name  string
+		level int
+		req   WeightRequest
+		want  []rules.Command
+		err   error
+	}{
+		{"one pair", rules.CommandLevel, WeightRequest{Rule: "1", Node: "n2", Weight: "0"}, []rules.Command{pair(1, 2)}, nil},
+		{"every pair in one write", rules.CommandLevel, WeightRequest{Rule: "all", Node: "n2, n3", Weight: "0"},
+			[]rules.Command{rules.NewSetWeight(both, two, 0)}, nil},
+		{"a write per pair beside an older member", 5, WeightRequest{Rule: "all", Node: "n2,n3", Weight: "0"},
+			[]rules.Command{pair(1, 2), pair(1, 3), pair(2, 2), pair(2, 3)}, nil},
+		{"an unknown node in the list", rules.CommandLevel, WeightRequest{Rule: "all", Node: "n2,n9", Weight: "0"}, nil, rules.ErrUnknownNode},
+		{"an empty name in the list", rules.CommandLevel, WeightRequest{Rule: "all", Node: "n2,", Weight: "0"}, nil, ErrBadRequest},
+		{"no node: this one", rules.CommandLevel, WeightRequest{Rule: "1", Weight: "equal"},
+			[]rules.Command{rules.NewSetWeight([]filter.RuleID{1}, []filter.NodeID{1}, rules.WeightEqual)}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := &fakeStore{st: withNodes(tc.level)}
+			c := &Commander{store: fs, self: func() filter.NodeID { return 1 }}
+			err := c.SetWeight(context.Background(), tc.req)
+			if tc.err != nil {
+				if !errors.Is(err, tc.err) || fs.all != nil {
+					t.Fatalf("SetWeight: %v, proposed %v; want %v and nothing proposed", err, fs.all, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, fs.all); diff != "" {
+				t.Errorf("proposed (-want +got):\n%s", diff)
 			}
 		})
 	}
