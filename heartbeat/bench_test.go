@@ -110,6 +110,67 @@ func BenchmarkMachineReceive(b *testing.B) {
 	}
 }
 
+// BenchmarkMachineTick: a Tick in a stable 64-node cluster between two
+// heartbeats (nothing changed, no deadline passed), against the death
+// check and recompute it used to run every time (the baseline, measured
+// in the same run).
+func BenchmarkMachineTick(b *testing.B) {
+	m := steady64(b)
+	saved := verifySkips
+	verifySkips = false
+	b.Cleanup(func() { verifySkips = saved })
+	now := m.now
+	// A nanosecond a call: no deadline passes however long it runs.
+	b.Run("tick", func(b *testing.B) {
+		for b.Loop() {
+			now = now.Add(time.Nanosecond)
+			m.Tick(now)
+		}
+	})
+	b.Run("recompute", func(b *testing.B) {
+		for b.Loop() {
+			now = now.Add(time.Nanosecond)
+			m.tick(now)
+		}
+	})
+	if st := m.Status(); !st.Converged || len(st.View.Eligible) != 64 {
+		b.Fatalf("the view changed: %v", st.View.Eligible)
+	}
+}
+
+// steady64 returns node 1's machine converged on a 64-node view.
+func steady64(b *testing.B) *Machine[toySet] {
+	m, err := NewMachine(Config{ClusterID: 1, Self: 1, Incarnation: 1}, t0, toyOwned(1), toyIntersect)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg := map[uint32]netip.AddrPort{}
+	for id := uint32(1); id <= 64; id++ {
+		reg[id] = hAddr(id)
+	}
+	m.SetPeers(t0, reg)
+	m.SetLocal(t0, Local{Admin: Started, Healthy: true, RulesIndex: 1000, Seed: 7})
+	now := t0
+	var seq uint64
+	for range 5 {
+		for id := uint32(2); id <= 64; id++ {
+			seq++
+			msg := benchMessage()
+			msg.Node, msg.Seq = id, seq
+			if err := m.Receive(now, msg, hAddr(id)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		m.Outgoing(now)
+		now = now.Add(m.cfg.Period)
+		m.Tick(now)
+	}
+	if st := m.Status(); !st.Converged || len(st.View.Eligible) != 64 {
+		b.Fatalf("not converged on 64 nodes: %v", st.View.Eligible)
+	}
+	return m
+}
+
 // BenchmarkMutual: deriving who hears whom over a converged 64-node view,
 // uncached (a heartbeat changed something), as recompute does.
 func BenchmarkMutual(b *testing.B) {

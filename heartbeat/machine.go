@@ -199,7 +199,13 @@ type Machine[S any] struct {
 	deferred bool      // see DeferRecompute
 	pending  bool      // a deferred Receive changed what recompute reads
 	version  uint64
-	deaths   uint64
+	// derived is the version the last recompute left, and due the
+	// earliest of its deadlines (see deadline): until either moves, Tick
+	// has nothing to do. A heartbeat only makes deadlines later, except a
+	// restart window's end, which lowers due itself.
+	derived uint64
+	due     time.Time
+	deaths  uint64
 }
 
 // sendBurst plus the number of peers is how many heartbeats a node sends at
@@ -272,12 +278,15 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 			changed, newView = true, true
 		case msg.Admin != old.Admin || msg.Healthy != old.Healthy || msg.Settled != old.Settled ||
 			msg.Leaving != old.Leaving || msg.Deaf != old.Deaf || msg.Keeping != old.Keeping || (msg.RestartWindow > 0) != (old.RestartWindow > 0) ||
-			msg.RulesIndex != old.RulesIndex || !msg.Draining.Equal(old.Draining) || !sameHearing(msg.Acks, old.Acks):
+			msg.RulesIndex != old.RulesIndex || !msg.Draining.Equal(old.Draining) || !m.sameHearing(msg.Acks, old.Acks):
 			changed = true
 		}
 	}
 	if msg.RestartWindow > 0 {
 		p.restartUntil, p.restartMsg = now.Add(min(msg.RestartWindow, MaxRestartWindow)), msg
+		if p.restartUntil.Before(m.due) {
+			m.due = p.restartUntil
+		}
 	} else if p.restartMsg != nil && (msg.Incarnation == p.restartMsg.Incarnation || msg.Settled) {
 		// The restart was called off, or the new incarnation has settled.
 		p.restartUntil, p.restartMsg, changed = time.Time{}, nil, true
@@ -308,9 +317,10 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 	}
 	if changed {
 		m.version++
-	} else if m.converged {
-		// The steady state: a live peer repeats itself and nothing that
-		// recompute derives can change (deadlines are Tick's).
+	} else if m.converged && now.Before(m.due) {
+		// The steady state: a live peer repeats itself, nothing that
+		// recompute derives can change, and none of its deadlines passed
+		// (moving m.now past one would hide it from Tick).
 		m.now = now
 		return nil
 	}
@@ -393,13 +403,26 @@ func ackOf(acks []Ack, id uint32) (Ack, bool) {
 	return acks[i], true
 }
 
-// sameHearing reports whether two ack lists name the same incarnations.
-func sameHearing(a, b []Ack) bool {
+// sameHearing reports whether two ack lists name the same incarnations
+// with ages on the same side of every threshold recompute reads: heard
+// within a period or not (holdFor), within T/2 periods or not
+// (silentEverywhere).
+func (m *Machine[S]) sameHearing(a, b []Ack) bool {
 	if len(a) != len(b) {
 		return false
 	}
+	half := uint8(min(max(m.cfg.Tolerance/2, 1), 255))
+	class := func(age uint8) int {
+		switch {
+		case age <= 1:
+			return 0
+		case age < half:
+			return 1
+		}
+		return 2
+	}
 	for i := range a {
-		if a[i].Node != b[i].Node || a[i].Incarnation != b[i].Incarnation {
+		if a[i].Node != b[i].Node || a[i].Incarnation != b[i].Incarnation || class(a[i].Age) != class(b[i].Age) {
 			return false
 		}
 	}
@@ -428,6 +451,29 @@ func (m *Machine[S]) Probe(now time.Time, id uint32, r ProbeResult) {
 // end of their restart window), and deadlines (settling, rules lag, holds,
 // suspicion) are checked. Call it at Wake() at the latest.
 func (m *Machine[S]) Tick(now time.Time) {
+	m.checkStall(now)
+	if m.version != m.derived || m.pending || !now.Before(m.due) {
+		m.tick(now)
+		return
+	}
+	// Nothing recompute reads changed since it last ran and none of its
+	// deadlines (a death among them) passed: it would derive the same. The
+	// agent ticks at every wake-up, and at 64 nodes at rest a recompute
+	// each time was a seventh of its CPU (docs/BENCHMARKS-LOG.md).
+	if verifySkips {
+		v := m.version
+		m.tick(now)
+		if m.version != v {
+			panic(fmt.Sprintf("heartbeat: a skipped tick at %v would have changed the state", now))
+		}
+		return
+	}
+	m.now = now
+}
+
+// tick declares the deaths, ends the restart windows and the inheriting
+// that are due, and recomputes.
+func (m *Machine[S]) tick(now time.Time) {
 	for _, p := range m.peers {
 		if p.live && now.Sub(p.lastHeard) > m.deathWindow(now) {
 			p.live, p.acked, p.agrees, p.behind, p.claimSince = false, false, false, time.Time{}, time.Time{}
@@ -455,6 +501,14 @@ func (m *Machine[S]) Tick(now time.Time) {
 	}
 	m.recompute(now)
 }
+
+// verifySkips makes Tick run every recompute it skips and panic if that
+// changed anything: the package's tests set it, so that every simulator run
+// checks the skip.
+var verifySkips = false
+
+// farFuture is later than any deadline.
+var farFuture = time.Unix(1<<62, 0)
 
 // Inherit gives this node, freshly started, the accepting set its previous
 // incarnation held when it stopped for a restart, having announced a
@@ -589,7 +643,19 @@ func (m *Machine[S]) Wake() time.Time {
 	if m.pending {
 		return m.now // heartbeats received and not yet acted on: tick now
 	}
-	w := m.nextSend
+	if m.due.Before(m.nextSend) {
+		return m.due
+	}
+	return m.nextSend
+}
+
+// deadline returns the earliest of w and the times after the last
+// recompute (m.now) at which something it derives may change with time
+// alone: a death, a suspicion, the end of a lag grace, of settling, of a
+// restart window, of a probe's validity, of a hold, of a newcomer's
+// first periods or of a peer's silence counted by the others.
+func (m *Machine[S]) deadline(w time.Time) time.Time {
+	half := m.period(max(m.cfg.Tolerance/2, 1)) // silentEverywhere's
 	earliest := func(t time.Time) {
 		// Deadlines already passed were acted on by the last recompute.
 		if t.After(m.now) && t.Before(w) {
@@ -599,6 +665,8 @@ func (m *Machine[S]) Wake() time.Time {
 	for _, p := range m.peers {
 		if p.live {
 			earliest(p.lastHeard.Add(m.deathWindow(m.now) + 1))
+			earliest(p.lastHeard.Add(half))
+			earliest(p.liveSince.Add(m.period(2))) // mutual's newcomers
 			if !p.behind.IsZero() {
 				earliest(p.behind.Add(m.period(m.cfg.LagGrace) + 1))
 			}
@@ -624,6 +692,7 @@ func (m *Machine[S]) Wake() time.Time {
 	if m.hasTiming {
 		earliest(m.timing.since.Add(m.period(m.cfg.Tolerance)))
 	}
+	earliest(m.change.until) // the death window shrinks back
 	if !m.settled {
 		earliest(m.listenFrom.Add(m.period(m.cfg.Tolerance)))
 	}
@@ -802,6 +871,7 @@ func (m *Machine[S]) recompute(now time.Time) {
 		m.version++
 	}
 	m.switchTiming(now)
+	m.derived, m.due = m.version, m.deadline(farFuture)
 }
 
 // heardBy reports whether p's view is held against this node: p hears it

@@ -74,6 +74,10 @@ func (m *Machine[S]) switchTiming(now time.Time) {
 	m.tat = time.Time{}
 	m.sendSoon(now)
 	m.version++
+	// What was just derived used the old periods (lag graces, holds):
+	// derive it again under the new ones, since nothing else would before
+	// an input or a deadline changes.
+	m.recompute(now)
 }
 
 // inChange reports whether the last switch of timing is recent enough for
