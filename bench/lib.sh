@@ -50,7 +50,14 @@ machine() {
 lab_up() {
 	local nodes=$1 out line
 	shift
-	out=$("$SHOAL" lab up --nodes "$nodes" "$@" 2>/dev/null) || { echo "shoal lab up failed" >&2; return 1; }
+	local errs
+	errs=$(mktemp)
+	out=$("$SHOAL" lab up --nodes "$nodes" "$@" 2>"$errs") || {
+		echo "shoal lab up --nodes $nodes $* failed: $(grep -v 'level=INFO' "$errs" | tail -n 3)" >&2
+		rm -f "$errs"
+		return 1
+	}
+	rm -f "$errs"
 	LAB_ID=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \(.*\)$/\1/p' <<<"$out")
 	VIP=$(sed -n 's/^lab \(shl[0-9a-f]*\) is up: VIP \[\{0,1\}\([0-9a-f.:]*\).*$/\2/p' <<<"$out")
 	CLIENT_NS=$LAB_ID-client

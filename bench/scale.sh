@@ -15,8 +15,12 @@
 #     pushed tables without it, and how long recomputing and pushing took
 #     after the view was adopted (p50 and max).
 #
-#   sudo bench/scale.sh                      # SIZES="3 8 16 32 64" WINDOW=20
+#   sudo bench/scale.sh                      # SIZES="3 8 16 32 64" WINDOW=20 SERVERS=8
 #   sudo SIZES="3 16" WINDOW=10 bench/scale.sh
+#
+# A server runs on the first SERVERS nodes only (shoal lab up --servers;
+# the others at weight 0): what is measured is the agents, and 64 servers
+# beside 64 agents on two cores only add to the load of a rule change.
 #
 # It prints a Markdown table (also in bench/out/scale-*.md) and an ASCII
 # plot of the idle CPU per agent. A size whose lab does not come up is
@@ -30,6 +34,7 @@ need_pkgs jq:jq
 
 SIZES=${SIZES:-3 8 16 32 64}
 WINDOW=${WINDOW:-20}
+SERVERS=${SERVERS:-8}
 OUT=${OUT:-$here/out}
 mkdir -p "$OUT"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -62,7 +67,7 @@ iso() { date -u +%Y-%m-%dT%H:%M:%S.%NZ; }
 
 plot=()
 for n in $SIZES; do
-	if ! lab_up "$n"; then
+	if ! lab_up "$n" --servers $((n < SERVERS ? n : SERVERS)); then
 		echo "| $n | lab did not come up (shoal lab up --nodes $n) | | | | | | | |" | tee -a "$md"
 		continue
 	fi
@@ -119,10 +124,13 @@ for n in $SIZES; do
 	sleep 3
 	logs=()
 	for i in $(seq 1 $((n - 1))); do logs+=("$dir/node$i.agent.log"); done
-	view=$("$work/scalelog" -since "$t" -without "$n" "${logs[@]}" 2>/dev/null) || view="not every node within 3 s"
+	if view=$("$work/scalelog" -since "$t" -without "$n" "${logs[@]}" 2>/dev/null); then
+		reach=$(awk '{ printf "%s (%s)", $4, $6 }' <<<"$view")
+		apply=$(awk '{ printf "%s (%s)", $9, $11 }' <<<"$view")
+	else
+		reach="not every node within 3 s" apply=-
+	fi
 	"$SHOAL" --socket "${NODE_SOCK[n]}" plug restore >/dev/null || true
-	reach=$(awk '{ printf "%s (%s)", $4, $6 }' <<<"$view")
-	apply=$(awk '{ printf "%s (%s)", $9, $11 }' <<<"$view")
 
 	echo "| $n | $cmed ($cmax) | $lcpu | $rmed ($rmax) | $xmed | $ymed | $rule | $reach | $apply |" | tee -a "$md"
 	plot+=("$n $cmed")
