@@ -502,9 +502,9 @@ func (m *Machine[S]) tick(now time.Time) {
 	m.recompute(now)
 }
 
-// verifySkips makes Tick run every recompute it skips and panic if that
-// changed anything: the package's tests set it, so that every simulator run
-// checks the skip.
+// verifySkips makes Tick run every tick it skips (deaths, windows and the
+// recompute) and panic if that changed anything: the package's tests set
+// it, so that every simulator run checks the skip.
 var verifySkips = false
 
 // farFuture is later than any deadline.

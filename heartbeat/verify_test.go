@@ -2,8 +2,8 @@ package heartbeat
 
 import "flag"
 
-// Every test of the package checks Tick's skipped recomputes, unless
-// -verifyskips=false runs the skips as the agent does.
+// Every test of the package checks Tick's skips, unless -verifyskips=false
+// runs them as the agent does.
 func init() {
-	flag.BoolVar(&verifySkips, "verifyskips", true, "recompute at every skipped Tick and panic if the state would change")
+	flag.BoolVar(&verifySkips, "verifyskips", true, "run every skipped tick and panic if it would have changed the state")
 }

@@ -27,7 +27,6 @@ func sampleCommands() []Command {
 		&RemoveRule{ID: 3},
 		&SetRuleState{Rules: []filter.RuleID{1, 2}, Node: 4, State: filter.RuleDisabled},
 		&SetWeight{Rule: 1, Node: 2, Weight: WeightEqual},
-		NewSetWeight([]filter.RuleID{1, 3}, []filter.NodeID{2, 4}, 0),
 		&SetHandlingPriority{Rule: 1, Node: 2, Priority: 5},
 		&SetHostPriority{Node: 2, Priority: 7},
 		&RegisterNode{Info: nodeInfo("n5", 0), Admin: AdminSuspended},
@@ -36,6 +35,7 @@ func sampleCommands() []Command {
 		&SetSettings{HashSeed: &seed, HeartbeatPeriod: &period, HeartbeatTolerance: &tol},
 		&SetSettings{HashSeed: &seed},
 		&SetMACMode{Mode: MACIGMP},
+		NewSetWeight([]filter.RuleID{1, 3}, []filter.NodeID{2, 4}, 0), // new ones last: the seeds keep their numbers
 	}
 }
 

@@ -257,6 +257,8 @@ type (
 		AllNodes bool   `json:"all_nodes"`
 	}
 	// WeightRequest sets a node's load weight on a rule: 0-100 or "equal".
+	// Node may list several nodes, comma-separated ("node3,node4"); every
+	// pair of rule and node changes in one write. Empty: this node.
 	WeightRequest struct {
 		Rule   string `json:"rule"`
 		Node   string `json:"node"`
