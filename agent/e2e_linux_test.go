@@ -391,13 +391,9 @@ func testBalanceAndPacketAccounting(t *testing.T, family lab.Family) {
 			// Buckets that moved (as nodes joined, or weights changed)
 			// drain first: until then a packet of a connection that is
 			// gone is taken by no node.
-			poll(t, 10*time.Second, "no bucket draining or taken dirty", func() error {
-				st, err := l.Statuses(context.Background(), l.Nodes)
-				if err != nil {
-					return err
-				}
-				return lab.Settled(st)
-			})
+			if err := l.WaitSettled(context.Background(), 10*time.Second); err != nil {
+				t.Fatalf("no bucket draining or taken dirty: %v", err)
+			}
 			sent0 := sentToVIP()
 			c0 := map[string]packetCounts{}
 			for _, n := range l.Nodes {

@@ -507,9 +507,6 @@ func (m *Machine[S]) tick(now time.Time) {
 // it, so that every simulator run checks the skip.
 var verifySkips = false
 
-// farFuture is later than any deadline.
-var farFuture = time.Unix(1<<62, 0)
-
 // Inherit gives this node, freshly started, the accepting set its previous
 // incarnation held when it stopped for a restart, having announced a
 // restart window: its peers keep that incarnation in their views, with its
@@ -649,12 +646,14 @@ func (m *Machine[S]) Wake() time.Time {
 	return m.nextSend
 }
 
-// deadline returns the earliest of w and the times after the last
-// recompute (m.now) at which something it derives may change with time
-// alone: a death, a suspicion, the end of a lag grace, of settling, of a
-// restart window, of a probe's validity, of a hold, of a newcomer's
-// first periods or of a peer's silence counted by the others.
-func (m *Machine[S]) deadline(w time.Time) time.Time {
+// deadline returns the earliest time after the last recompute (m.now) at
+// which something it derives may change with time alone: a death, a
+// suspicion, the end of a lag grace, of settling, of a restart window, of
+// a probe's validity, of a hold, of a newcomer's first periods or of a
+// peer's silence counted by the others; without any, a time later than
+// every one.
+func (m *Machine[S]) deadline() time.Time {
+	w := time.Unix(1<<62, 0)
 	half := m.period(max(m.cfg.Tolerance/2, 1)) // silentEverywhere's
 	earliest := func(t time.Time) {
 		// Deadlines already passed were acted on by the last recompute.
@@ -871,7 +870,7 @@ func (m *Machine[S]) recompute(now time.Time) {
 		m.version++
 	}
 	m.switchTiming(now)
-	m.derived, m.due = m.version, m.deadline(farFuture)
+	m.derived, m.due = m.version, m.deadline()
 }
 
 // heardBy reports whether p's view is held against this node: p hears it

@@ -571,6 +571,19 @@ func (l *Lab) Statuses(ctx context.Context, nodes []Host) ([]NodeStatus, error) 
 	return out, errors.Join(errs...)
 }
 
+// WaitSettled waits until no node drains a bucket or takes one dirty
+// (Settled): the steady state, in which every packet is taken by its
+// bucket's owner.
+func (l *Lab) WaitSettled(ctx context.Context, timeout time.Duration) error {
+	return Poll(ctx, timeout, l.pollEvery(), func() error {
+		st, err := l.Statuses(ctx, l.Nodes)
+		if err != nil {
+			return err
+		}
+		return Settled(st)
+	})
+}
+
 // Poll calls check every interval until it returns nil, the deadline passes
 // or ctx ends; the error then carries check's last answer.
 func Poll(ctx context.Context, timeout, interval time.Duration, check func() error) error {

@@ -72,13 +72,7 @@ func Run(ctx context.Context, o RunOptions) (rep *Report, err error) {
 	}
 	// The buckets that moved as nodes joined drain first: until then a
 	// packet of a connection that is gone is taken by no node.
-	if err := Poll(ctx, cmp.Or(o.ReadyTimeout, readyTimeout(len(l.Nodes))), l.pollEvery(), func() error {
-		st, err := l.Statuses(ctx, l.Nodes)
-		if err != nil {
-			return err
-		}
-		return Settled(st)
-	}); err != nil {
+	if err := l.WaitSettled(ctx, cmp.Or(o.ReadyTimeout, readyTimeout(len(l.Nodes)))); err != nil {
 		return rep, fmt.Errorf("lab: buckets still draining before the traffic: %w", err)
 	}
 	var also []load.Result
