@@ -36,8 +36,8 @@ func Assign(c *Config, eligible []NodeID) *Owners {
 // changing one node's weight on one rule recomputes that rule only. A nil
 // Assigner remembers nothing. It is not safe for concurrent use.
 type Assigner struct {
-	memo map[string]*[NumBuckets]NodeID // by ruleInputs
-	next map[string]*[NumBuckets]NodeID // filled during one Assign
+	memo map[string]ruleTable // by ruleInputs
+	next map[string]ruleTable // filled during one Assign
 	// split and nextSplit: each rule's splits (by splitKey), which do not
 	// depend on who is eligible: a view that only adds or drops nodes
 	// re-splits nothing it split before.
@@ -56,7 +56,7 @@ func (a *Assigner) Assign(c *Config, eligible []NodeID) *Owners {
 		}
 	}
 	if a != nil {
-		a.next = make(map[string]*[NumBuckets]NodeID, len(c.Rules))
+		a.next = make(map[string]ruleTable, len(c.Rules))
 		a.nextSplit = make(map[string]*splits, len(c.Rules))
 		defer func() { a.memo, a.next, a.split, a.nextSplit = a.next, nil, a.nextSplit, nil }()
 	}
@@ -74,18 +74,33 @@ func (a *Assigner) Assign(c *Config, eligible []NodeID) *Owners {
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		if a == nil {
-			o.Rules[r.ID] = assignRule(c, r, elig, nil)
+			o.Rules[r.ID] = assignRule(c, r, elig, nil).t
 			continue
 		}
 		key := ruleInputs(c, r, elig)
-		t := a.memo[key]
-		if t == nil {
-			t = assignRule(c, r, elig, a)
+		rt, ok := a.memo[key]
+		if !ok {
+			rt = assignRule(c, r, elig, a)
 		}
-		a.next[key] = t
-		o.Rules[r.ID] = t
+		if rt.splits != nil {
+			// Kept for the next views also when this one's table was
+			// remembered: the agent assigns each view more than once, and
+			// a split dropped on the second call was made again, every
+			// bucket scored for every candidate, at the next view change.
+			a.nextSplit[rt.splitKey] = rt.splits
+		}
+		a.next[key] = rt
+		o.Rules[r.ID] = rt.t
 	}
 	return o
+}
+
+// ruleTable is a rule's table and the splits it was placed from (none for
+// a rule that is not split).
+type ruleTable struct {
+	t        *[NumBuckets]NodeID
+	splitKey string
+	splits   *splits
 }
 
 // ruleInputs is everything a rule's table depends on, as a map key.
@@ -123,9 +138,11 @@ func defaultHost(c *Config, elig map[NodeID]bool) NodeID {
 	return best
 }
 
-func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) *[NumBuckets]NodeID {
+// assignRule computes rule r's table; with an Assigner, from the splits it
+// keeps, which it returns with the table (the caller keeps them).
+func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) ruleTable {
 	if r.Mode == ModeDisabled || r.State != RuleEnabled {
-		return fill(NoNode)
+		return ruleTable{t: fill(NoNode)}
 	}
 	takes := func(n *Node) bool { return elig[n.ID] && n.RuleOf(r.ID).State == RuleEnabled }
 	if r.Mode == ModeSingle {
@@ -136,7 +153,7 @@ func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) *[NumBuck
 				best, bestPrio = n.ID, p
 			}
 		}
-		return fill(best)
+		return ruleTable{t: fill(best)}
 	}
 	var cands []candidate
 	for i := range c.Nodes {
@@ -153,7 +170,7 @@ func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) *[NumBuck
 	s := splitter{seed: c.Seed ^ uint32(r.ID)*0x9e3779b9, owners: t}
 	if a == nil || len(cands) == 0 {
 		s.spread(all, cands)
-		return t
+		return ruleTable{t: t}
 	}
 	// The first split is most of the work (every bucket scored for every
 	// candidate), then the split of each candidate's group among the
@@ -163,9 +180,8 @@ func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) *[NumBuck
 	if sp == nil {
 		sp = &splits{top: s.group(all, cands), sub: map[NodeID][][]uint16{}}
 	}
-	a.nextSplit[key] = sp
 	s.place(sp.top, cands, sp.sub)
-	return t
+	return ruleTable{t: t, splitKey: key, splits: sp}
 }
 
 // splits are a rule's kept splits: top, every bucket among the

@@ -424,6 +424,41 @@ func TestAssignerSplitMatchesAssign(t *testing.T) {
 	}
 }
 
+// TestAssignerKeepsSplitOnRepeat: a view assigned twice (the agent's
+// reconciler does, for hand-overs and for what it keeps) keeps the rule's
+// split for the next view, which then places the kept split instead of
+// scoring every bucket for every candidate again.
+func TestAssignerKeepsSplitOnRepeat(t *testing.T) {
+	w := make([]int, 16)
+	for i := range w {
+		w[i] = DefaultWeight
+	}
+	c := testConfig(w...)
+	all, less := ids(16), ids(15)
+	var a Assigner
+	a.Assign(c, all)
+	if len(a.split) != 1 {
+		t.Fatalf("after the first view: %d splits kept, want 1", len(a.split))
+	}
+	var first *splits
+	for _, sp := range a.split {
+		first = sp
+	}
+	a.Assign(c, all)
+	if len(a.split) != 1 {
+		t.Fatalf("after the same view again: %d splits kept, want 1", len(a.split))
+	}
+	got := a.Assign(c, less)
+	for _, sp := range a.split {
+		if sp != first {
+			t.Fatal("the next view split every bucket again instead of placing the kept split")
+		}
+	}
+	if want := Assign(c, less); *got.Rules[1] != *want.Rules[1] {
+		t.Fatal("the next view's table differs from a fresh Assign")
+	}
+}
+
 // BenchmarkAssignerViewChange: a view change that drops one node of 64 and
 // the next that brings it back, with the split kept (the agent's case),
 // against a fresh Assign of the same views.
@@ -444,6 +479,20 @@ func BenchmarkAssignerViewChange(b *testing.B) {
 			} else {
 				a.Assign(c, less)
 			}
+		}
+	})
+	// Each view assigned twice, as the agent's reconciler does.
+	b.Run("kept-split-twice", func(b *testing.B) {
+		var a Assigner
+		a.Assign(c, all)
+		i := 0
+		for b.Loop() {
+			v := all
+			if i++; i%2 == 1 {
+				v = less
+			}
+			a.Assign(c, v)
+			a.Assign(c, v)
 		}
 	})
 	b.Run("fresh", func(b *testing.B) {
