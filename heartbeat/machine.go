@@ -208,10 +208,16 @@ type Machine[S any] struct {
 	deaths  uint64
 }
 
-// sendBurst plus the number of peers is how many heartbeats a node sends at
-// most in any one period: view changes, and replies to each peer's, go out
-// at once up to that budget.
-const sendBurst = 4
+// sendBudget is how many heartbeats a node sends a period at most,
+// whatever the cluster's size (a period's worth may go at once): view
+// changes, and replies to peers' views, go out at once within the budget,
+// and later ones wait their turn.
+// Each goes to every peer. The budget once grew with the peers (sendBurst
+// + N), from when each peer's adoption of a view had its own answer: in a
+// 64-node lab's storm of view changes a node could send 67 a period, 4,200
+// datagrams, which starved its peers of CPU past a death (docs/
+// BENCHMARKS-LOG.md). A view change takes two or three.
+const sendBudget = 6
 
 // NewMachine returns the Machine of a node that starts at now, with an empty
 // accepting set. Call SetPeers and SetLocal next: until SetPeers the node
@@ -610,14 +616,14 @@ func (m *Machine[S]) Outgoing(now time.Time) *Message {
 		m.restartSeq = m.seq
 	}
 	m.sentInView++
-	m.tat = later(m.tat, now).Add(m.sendPeriod(now) / time.Duration(sendBurst+len(m.ids)))
+	m.tat = later(m.tat, now).Add(m.sendPeriod(now) / sendBudget)
 	m.lastSent, m.nextSend = now, now.Add(m.sendPeriod(now))
 	m.recompute(now)
 	return msg
 }
 
 // sendSoon makes the next heartbeat due now, or as soon as the budget
-// allows: at most sendBurst + peers heartbeats in any period (a generic cell
+// allows: at most sendBudget heartbeats in any period (a generic cell
 // rate algorithm: each heartbeat takes P/budget, a period's worth may be
 // spent at once).
 func (m *Machine[S]) sendSoon(now time.Time) {

@@ -197,7 +197,7 @@ func TestRepliesAtOnce(t *testing.T) {
 	if !h.m.NextSend().Equal(t1) {
 		t.Fatalf("peer changed its view: next heartbeat %v, want at once (%v)", h.m.NextSend(), t1)
 	}
-	// Many changes in one period: at most sendBurst heartbeats go out.
+	// Many changes in one period: at most sendBudget heartbeats go out.
 	sent := 0
 	for i := range 20 {
 		ti := t1.Add(time.Duration(i) * time.Millisecond)
@@ -211,8 +211,51 @@ func TestRepliesAtOnce(t *testing.T) {
 			sent++
 		}
 	}
-	if budget := sendBurst + 1; sent > budget+1 {
+	if budget := sendBudget; sent > budget+1 {
 		t.Errorf("%d heartbeats in 20 ms, want at most %d a period", sent, budget+1)
+	}
+}
+
+// TestSendBudgetWhateverTheSize: in a 32-node cluster where every peer
+// adopts a new view within one period (a storm), this node sends at most
+// twice sendBudget heartbeats that period (a period's worth at once, then
+// the budget's rate), each to every peer: a budget that grew with the
+// peers let it answer every peer.
+func TestSendBudgetWhateverTheSize(t *testing.T) {
+	var peers, all []uint32
+	for id := uint32(2); id <= 32; id++ {
+		peers = append(peers, id)
+	}
+	all = append([]uint32{1}, peers...)
+	h := newHarness(t, 1, peers...)
+	now := at(0)
+	for i := range 3 {
+		now = at(float64(i))
+		for _, id := range peers {
+			h.recv(now.Add(time.Millisecond), h.hb(id, all...))
+		}
+		h.step(now.Add(2 * time.Millisecond))
+	}
+	start := now.Add(3 * time.Millisecond)
+	sent := 0
+	for i := range 2 * len(peers) {
+		ti := start.Add(time.Duration(i) * tP / time.Duration(2*len(peers)))
+		id := peers[i%len(peers)]
+		if i < len(peers) {
+			h.recv(ti, h.hb(id, all[:len(all)-1]...)) // a view without node 32
+		} else {
+			h.recv(ti, h.hb(id, all...))
+		}
+		if !ti.Before(h.m.NextSend()) {
+			h.sent = h.m.Outgoing(ti).Seq
+			sent++
+		}
+	}
+	if sent > 2*sendBudget {
+		t.Errorf("%d heartbeats in one period of a storm among 32 nodes, want at most %d", sent, 2*sendBudget)
+	}
+	if sent < 2 {
+		t.Errorf("%d heartbeats in one period of a storm, want the changes answered", sent)
 	}
 }
 
