@@ -2,6 +2,7 @@ package peer
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -63,9 +65,109 @@ func NewServer(h http.Handler, listener string, refusals *Refusals) *http.Server
 const maxPeerConns = 256
 
 // Listener wraps a TCP listener for the peer API: at most maxPeerConns
-// connections open at once, each over mutual TLS under certs.
+// connections open at once, each over mutual TLS under certs, and at most
+// maxHandshakes of them in their TLS handshake at once.
 func Listener(ln net.Listener, certs *Certs, refusals *Refusals) net.Listener {
-	return tls.NewListener(LimitListener(ln, "peer", maxPeerConns, refusals), certs.ServerConfig())
+	return newHandshakeListener(LimitListener(ln, "peer", maxPeerConns, refusals), certs.ServerConfig(), "peer", maxHandshakes, refusals)
+}
+
+// maxHandshakes bounds the peer API's TLS handshakes in progress at once.
+// A handshake is a millisecond or more of CPU, and the agent runs its Go
+// code on one thread: when a peer falls silent, every other node probes
+// it (docs/MEMBERSHIP.md), and a node slow for want of CPU (the Raft
+// leader of a 64-node lab on two cores) had 63 handshakes queued ahead of
+// its heartbeats, which made it later still, then dead (docs/
+// BENCHMARKS-LOG.md, "Scaling, fifth step"). Past the bound a connection
+// is closed at once and counted (RefuseTooMany): a probe refused finds the
+// peer silent, as it is, and tries again while the peer stays a suspect.
+const maxHandshakes = 16
+
+// handshakeListener completes each connection's TLS handshake before
+// Accept returns it (the server's own handshake is then a no-op), at
+// most slots at a time; a connection past them is closed and counted.
+type handshakeListener struct {
+	net.Listener
+	config   *tls.Config
+	name     string
+	refusals *Refusals
+	slots    chan struct{}
+	ready    chan net.Conn
+	failed   chan error // the inner Accept's error that ended the loop
+	done     chan struct{}
+	close    sync.Once
+}
+
+func newHandshakeListener(ln net.Listener, config *tls.Config, name string, slots int, refusals *Refusals) *handshakeListener {
+	l := &handshakeListener{Listener: ln, config: config, name: name, refusals: refusals,
+		slots: make(chan struct{}, slots), ready: make(chan net.Conn), failed: make(chan error, 1), done: make(chan struct{})}
+	go l.acceptLoop()
+	return l
+}
+
+func (l *handshakeListener) acceptLoop() {
+	for {
+		c, err := l.Listener.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			l.failed <- err
+			return
+		}
+		if err != nil {
+			// Out of file descriptors, say: the listener stays, as an
+			// http.Server's own loop would keep it.
+			select {
+			case <-l.done:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		select {
+		case l.slots <- struct{}{}:
+		default:
+			l.refusals.Refuse(l.name, RefuseTooMany, c.RemoteAddr(), errors.New("too many TLS handshakes in progress"))
+			c.Close()
+			continue
+		}
+		go l.handshake(c)
+	}
+}
+
+func (l *handshakeListener) handshake(c net.Conn) {
+	tc := tls.Server(c, l.config)
+	ctx, cancel := context.WithTimeout(context.Background(), HandshakeTimeout)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	<-l.slots
+	if err != nil {
+		l.refusals.Refuse(l.name, RefuseHandshake, c.RemoteAddr(), err)
+		c.Close()
+		return
+	}
+	select {
+	case l.ready <- tc:
+	case <-l.done:
+		tc.Close()
+	}
+}
+
+// Accept returns the next connection whose handshake completed.
+func (l *handshakeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case err := <-l.failed:
+		l.failed <- err // for the next Accept
+		return nil, err
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting; connections in their handshake are closed as
+// they finish it.
+func (l *handshakeListener) Close() error {
+	l.close.Do(func() { close(l.done) })
+	return l.Listener.Close()
 }
 
 // refusalLog is an http.Server's error log: it counts failed TLS
