@@ -72,6 +72,7 @@ type reconciler struct {
 	rescan      bool   // the tables of epoch need a scan once they are in
 	last        plan
 	tablesIndex uint64
+	tablesAt    time.Time // when the kernel's tables went in (a push that changed them)
 	healthy     bool
 	failedAt    time.Time
 	backoff     time.Duration
@@ -101,6 +102,7 @@ type reconciler struct {
 type dataSnap struct {
 	tables      *filter.Tables
 	tablesIndex uint64
+	tablesAt    time.Time // when tables went into the kernel
 	conns       int
 	counted     bool // conns is a scan's, begun after the latest release
 	healthy     bool
@@ -258,6 +260,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 			r.refused(now, s, err)
 			return r.wakeIn(now)
 		}
+		r.tablesAt = r.now()
 	}
 	if t3 := r.now(); r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("tables pushed", "at", stamp(t3), "gen", s.gen, "view", s.hb.View.Eligible, "rules", s.hb.View.RulesIndex,
@@ -663,7 +666,7 @@ func peerMAC(rs *rules.State, id filter.NodeID, macs map[netip.Addr]net.Hardware
 }
 
 func (r *reconciler) publish() {
-	r.pub.Store(&dataSnap{tables: r.last.tables, tablesIndex: r.tablesIndex, conns: r.held.Conns,
+	r.pub.Store(&dataSnap{tables: r.last.tables, tablesIndex: r.tablesIndex, tablesAt: r.tablesAt, conns: r.held.Conns,
 		counted: !r.held.Guess, healthy: r.healthy, lastErr: r.lastErr})
 }
 

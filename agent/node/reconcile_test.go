@@ -173,6 +173,10 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 		t.Fatalf("node 1 did not converge with node 2: view %v converged %v", s.hb.View, s.hb.Converged)
 	}
 	updates, scanned := dp.updates.Load(), scans
+	tablesAt := rec.pub.Load().tablesAt
+	if tablesAt.IsZero() {
+		t.Fatal("tables pushed, but no time published for them")
+	}
 	// Node 2 stops: once its tables are in it sends a heartbeat that says
 	// so, then nothing.
 	ms[1].leaving = true
@@ -193,6 +197,9 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 			if n := dp.updates.Load(); n != updates {
 				t.Fatalf("node 1 pushed %d tables for a view that changes none of its buckets", n-updates)
 			}
+			if at := rec.pub.Load().tablesAt; !at.Equal(tablesAt) {
+				t.Fatalf("tables unchanged, but their time moved from %v to %v", tablesAt, at)
+			}
 			continue
 		}
 		if got := s.hb.Accept.get().Buckets[1].Count(); got != filter.NumBuckets {
@@ -200,6 +207,9 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 		}
 		if k := dp.kernel.Load(); k == nil || stateCounts(k, filter.Owned)[1] != filter.NumBuckets {
 			t.Fatalf("converged alone, node 1's kernel tables do not accept every bucket")
+		}
+		if at := rec.pub.Load().tablesAt; !at.Equal(now) {
+			t.Fatalf("the tables that acquire went in at %v, published as %v", now, at)
 		}
 		acquired = true
 		break

@@ -27,6 +27,9 @@ func (n *Node) Status() control.Status {
 	if ds.healthy {
 		s.DataplaneError = ""
 	}
+	if !ds.tablesAt.IsZero() {
+		s.TablesAt = ds.tablesAt.UTC()
+	}
 	if t := ds.tables; t != nil {
 		s.Dirty = stateCounts(t, filter.OwnedDirty)
 		s.Draining = stateCounts(t, filter.Draining)

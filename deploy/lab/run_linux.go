@@ -233,22 +233,32 @@ func (l *Lab) checkPackets(ctx context.Context, rep *Report, phase string, traff
 }
 
 // waitCovered polls the survivors every 20 ms until they cover every
-// bucket without node dead, and returns the time since pulled.
+// bucket without node dead, and returns the time from pulled until the
+// tables that cover went in (CoveredSince).
 func (l *Lab) waitCovered(ctx context.Context, survivors []Host, rules []string, dead uint32, pulled time.Time, timeout time.Duration) (time.Duration, error) {
 	var last error
+	var since time.Time
 	err := Poll(ctx, timeout, 20*time.Millisecond, func() error {
+		asked := time.Now()
 		st, err := l.Statuses(ctx, survivors)
 		if err != nil {
 			last = err
 			return err
 		}
-		last = Covered(st, rules, dead)
+		if last = Covered(st, rules, dead); last == nil {
+			since = CoveredSince(st, time.Now())
+			if since.Before(pulled) {
+				// Tables from before the pull cannot have covered the
+				// pulled node's buckets: a clock step; time the poll.
+				since = asked
+			}
+		}
 		return last
 	})
 	if err != nil {
 		return 0, fmt.Errorf("lab: the survivors did not cover node %d's buckets: %w (last: %v)", dead, err, last)
 	}
-	return time.Since(pulled), nil
+	return since.Sub(pulled), nil
 }
 
 // waitAllCovered waits until every node is converged on a view of them all

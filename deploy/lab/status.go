@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 )
 
 // NumBuckets is the number of buckets of every rule (filter.NumBuckets).
@@ -22,6 +23,9 @@ type NodeStatus struct {
 	Draining   map[string]int `json:"draining"`  // buckets held only for connections, per rule id
 	Dirty      map[string]int `json:"dirty"`     // accepted buckets another node still drains
 	Live       []uint32       `json:"live"`
+	// TablesAt is when the node's data-plane tables last changed: what
+	// Accepting counts took effect then.
+	TablesAt time.Time `json:"tables_at"`
 }
 
 // Settled returns nil when no node of st drains a bucket or accepts one
@@ -123,6 +127,29 @@ func Covered(st []NodeStatus, rules []string, dead uint32) error {
 		}
 	}
 	return nil
+}
+
+// CoveredSince is when the tables of st, which cover what Covered asks,
+// were all in force: the latest of the nodes' TablesAt, or seen (when st
+// was read) if a node does not say or says later. A failover is timed to
+// it rather than to the poll that saw it, which came up to a poll's
+// interval (and the round of status requests) later; a node whose tables
+// changed again after they covered makes it later, never earlier, than
+// the moment they covered.
+func CoveredSince(st []NodeStatus, seen time.Time) time.Time {
+	var latest time.Time
+	for _, s := range st {
+		if s.TablesAt.IsZero() {
+			return seen
+		}
+		if s.TablesAt.After(latest) {
+			latest = s.TablesAt
+		}
+	}
+	if latest.IsZero() || latest.After(seen) {
+		return seen
+	}
+	return latest
 }
 
 // Balance is, over the rules of rules that several nodes of st share, the

@@ -3,6 +3,7 @@ package lab
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -75,6 +76,29 @@ func TestCovered(t *testing.T) {
 				t.Errorf("Covered = %v, want %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// TestCoveredSince: a failover is timed to the latest push among the
+// survivors, not to the poll that saw it; a node that does not say when
+// its tables went in, or says later than the poll, leaves the poll's time.
+func TestCoveredSince(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	seen := t0.Add(time.Second)
+	st := []NodeStatus{{TablesAt: t0.Add(100 * time.Millisecond)}, {TablesAt: t0.Add(900 * time.Millisecond)}, {TablesAt: t0}}
+	if got := CoveredSince(st, seen); !got.Equal(t0.Add(900 * time.Millisecond)) {
+		t.Errorf("CoveredSince = %v, want the latest push, %v", got, t0.Add(900*time.Millisecond))
+	}
+	st[2].TablesAt = time.Time{}
+	if got := CoveredSince(st, seen); !got.Equal(seen) {
+		t.Errorf("a node without TablesAt: %v, want the poll's time %v", got, seen)
+	}
+	st[2].TablesAt = seen.Add(time.Millisecond)
+	if got := CoveredSince(st, seen); !got.Equal(seen) {
+		t.Errorf("a push after the poll: %v, want the poll's time %v", got, seen)
+	}
+	if got := CoveredSince(nil, seen); !got.Equal(seen) {
+		t.Errorf("no nodes: %v, want the poll's time %v", got, seen)
 	}
 }
 
