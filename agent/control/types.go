@@ -13,19 +13,19 @@ import (
 
 // Status is one node's own view of itself, as `shoal status` prints it.
 type Status struct {
-	NodeID      filter.NodeID         `json:"node_id"`
-	NodeName    string                `json:"node_name"`
-	Admin       string                `json:"admin"`
-	Healthy     bool                  `json:"healthy"`
-	HealthError string                `json:"health_error,omitempty"`
-	Converged   bool                  `json:"converged"`
-	RulesIndex  uint64                `json:"rules_index"`
-	TablesIndex uint64                `json:"tables_index"` // rules index of the tables in the data plane
+	NodeID      filter.NodeID `json:"node_id"`
+	NodeName    string        `json:"node_name"`
+	Admin       string        `json:"admin"`
+	Healthy     bool          `json:"healthy"`
+	HealthError string        `json:"health_error,omitempty"`
+	Converged   bool          `json:"converged"`
+	RulesIndex  uint64        `json:"rules_index"`
+	TablesIndex uint64        `json:"tables_index"` // rules index of the tables in the data plane
 	// TablesAt is when the data plane's tables last changed (a push that
 	// changed them): what Accepting, Draining and Dirty count took effect
 	// then, which `shoal lab run` uses to time a failover to the push
 	// that completed it rather than to its next poll.
-	TablesAt time.Time `json:"tables_at,omitzero"`
+	TablesAt    time.Time             `json:"tables_at,omitzero"`
 	View        ViewInfo              `json:"view"`
 	Live        []filter.NodeID       `json:"live"`
 	Accepting   map[filter.RuleID]int `json:"accepting"`   // buckets taking new connections, per rule
