@@ -211,12 +211,11 @@ type Machine[S any] struct {
 // sendBudget is how many heartbeats a node sends a period at most,
 // whatever the cluster's size (a period's worth may go at once): view
 // changes, and replies to peers' views, go out at once within the budget,
-// and later ones wait their turn.
-// Each goes to every peer. The budget once grew with the peers (sendBurst
-// + N), from when each peer's adoption of a view had its own answer: in a
-// 64-node lab's storm of view changes a node could send 67 a period, 4,200
-// datagrams, which starved its peers of CPU past a death (docs/
-// BENCHMARKS-LOG.md). A view change takes two or three.
+// and later ones wait their turn. Each goes to every peer. The budget once
+// grew with the peers (4 + N), from when each peer's adoption of a view
+// had its own answer: in a storm of view changes a node of 64 could send
+// 67 a period, 4,200 datagrams (docs/BENCHMARKS-LOG.md, "Scaling, fifth
+// step"). A view change takes two or three.
 const sendBudget = 6
 
 // NewMachine returns the Machine of a node that starts at now, with an empty
