@@ -202,3 +202,52 @@ func hmacAppend(body []byte) ([]byte, error) {
 	mac.Write(body)
 	return mac.Sum(body), nil
 }
+
+// TestCompactAcks: a 64-node heartbeat with compact acknowledgements
+// (protocol 3) fits the UDP payload of one 1,500-byte IPv6 packet, where
+// protocol 2's does not; Decode takes both, says which, and protocol 3
+// carries the low 32 bits of incarnations and sequences.
+func TestCompactAcks(t *testing.T) {
+	msg := benchMessage()
+	msg.Acks[3].Incarnation, msg.Acks[3].Seq = 1<<33+7, 1<<32+9
+	v2, err := Encode(msg, simRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.CompactAcks = true
+	v3, err := Encode(msg, simRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ipv6Payload = 1500 - 40 - 8
+	if len(v3) > ipv6Payload || len(v2) <= ipv6Payload {
+		t.Fatalf("64 nodes: protocol 3 %d bytes, protocol 2 %d; want 3 within %d and 2 past it", len(v3), len(v2), ipv6Payload)
+	}
+	if v2[0] != 2 || v3[0] != ProtocolVersion {
+		t.Fatalf("versions %d and %d, want 2 and %d", v2[0], v3[0], ProtocolVersion)
+	}
+	got2, err := Decode(v2, simRing, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got3, err := Decode(v3, simRing, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got2.CompactAcks || !got3.CompactAcks {
+		t.Fatalf("decoded CompactAcks %v and %v, want false and true", got2.CompactAcks, got3.CompactAcks)
+	}
+	for i, a := range msg.Acks {
+		if got2.Acks[i] != a {
+			t.Fatalf("protocol 2 ack %d: %+v, want %+v", i, got2.Acks[i], a)
+		}
+		want := Ack{Node: a.Node, Incarnation: uint64(uint32(a.Incarnation)), Seq: uint64(uint32(a.Seq)), Age: a.Age}
+		if got3.Acks[i] != want {
+			t.Fatalf("protocol 3 ack %d: %+v, want %+v", i, got3.Acks[i], want)
+		}
+	}
+	// A protocol 3 heartbeat cut in its acks is refused, as any other.
+	if _, err := Decode(v3[:len(v3)-macSize-30], simRing, 1); err == nil {
+		t.Fatal("a truncated protocol 3 heartbeat decoded")
+	}
+}

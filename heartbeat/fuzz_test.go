@@ -18,6 +18,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(small[:len(small)-macSize], true)
 	acked, _ := Encode(&Message{ClusterID: 42, Node: 1, Leaving: true, RestartWindow: time.Second, Acks: []Ack{{Node: 2, Incarnation: 3, Seq: 4}}}, simRing)
 	f.Add(acked[:len(acked)-macSize], true)
+	compact, _ := Encode(&Message{ClusterID: 42, Node: 1, Acks: []Ack{{Node: 2, Incarnation: 3, Seq: 4}, {Node: 5, Incarnation: 6, Seq: 7, Age: 1}}, CompactAcks: true}, simRing)
+	f.Add(compact[:len(compact)-macSize], true)
 	f.Fuzz(func(t *testing.T, b []byte, sign bool) {
 		if sign && len(b) > 0 {
 			b, _ = hmacAppend(b)

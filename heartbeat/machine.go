@@ -2,6 +2,7 @@ package heartbeat
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"time"
@@ -270,6 +271,9 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 	case msg.Incarnation == last.inc && msg.Seq <= last.seq:
 		return fmt.Errorf("%w: node %d sequence %d, last %d", ErrStale, msg.Node, msg.Seq, last.seq)
 	}
+	if msg.CompactAcks {
+		m.widen(msg.Acks)
+	}
 	m.seen[msg.Node] = seen{msg.Incarnation, msg.Seq}
 	p := m.peers[msg.Node]
 	changed := p.msg == nil || !p.live
@@ -335,6 +339,44 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 	}
 	m.recompute(now)
 	return nil
+}
+
+// widen gives acknowledgements that carry the low 32 bits of incarnation
+// and sequence (protocol version 3) their full values from what this node
+// knows: its own incarnation and the last sequence it sent, its peers'
+// incarnations and the highest sequence it received from each; the
+// sequence is the one nearest to what it knows. An incarnation it does not
+// know stays as it came, and compares unequal to every one it knows, as
+// it would in full (and an incarnation below 2^32, as they all are, is
+// its own low 32 bits).
+func (m *Machine[S]) widen(acks []Ack) {
+	for i := range acks {
+		a := &acks[i]
+		inc, seq := m.cfg.Incarnation, m.seq
+		if a.Node != m.cfg.Self {
+			s := m.seen[a.Node]
+			inc, seq = s.inc, s.seq
+			if p := m.peers[a.Node]; p != nil && p.msg != nil && uint32(p.msg.Incarnation) == uint32(a.Incarnation) {
+				inc = p.msg.Incarnation
+			}
+		}
+		if uint32(inc) == uint32(a.Incarnation) {
+			a.Incarnation = inc
+		}
+		a.Seq = nearest(seq, uint32(a.Seq))
+	}
+}
+
+// nearest is the value whose low 32 bits are low nearest to ref.
+func nearest(ref uint64, low uint32) uint64 {
+	v := ref&^0xffffffff | uint64(low)
+	switch {
+	case v > ref && v-ref > 1<<31 && v >= 1<<32:
+		v -= 1 << 32
+	case v < ref && ref-v > 1<<31 && v < math.MaxUint64-1<<32:
+		v += 1 << 32
+	}
+	return v
 }
 
 // DeferRecompute, on, makes Receive only record what a heartbeat says:

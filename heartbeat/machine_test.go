@@ -678,3 +678,45 @@ func TestFirstToDeclareADeathStays(t *testing.T) {
 		t.Errorf("link 4->2 cut, node 4 heard by the others: view %v, want [1 3 4]", v)
 	}
 }
+
+// TestWidenCompactAcks: the low 32 bits of an acknowledgement's
+// incarnation and sequence (protocol 3) are widened from what the node
+// knows, across the 2^32 boundary: this node's own sequence, a peer's
+// incarnation; what it does not know stays as it came.
+func TestWidenCompactAcks(t *testing.T) {
+	for _, c := range []struct {
+		ref  uint64
+		low  uint32
+		want uint64
+	}{
+		{5, 7, 7},
+		{1<<32 + 10, 10, 1<<32 + 10},
+		{1<<32 + 10, 0xfffffff0, 0xfffffff0},
+		{0xfffffff0, 3, 1<<32 + 3},
+		{0, 0xffffffff, 0xffffffff},
+	} {
+		if got := nearest(c.ref, c.low); got != c.want {
+			t.Errorf("nearest(%#x, %#x) = %#x, want %#x", c.ref, c.low, got, c.want)
+		}
+	}
+	h := newHarness(t, 1, 2, 3)
+	h.m.seq = 1<<32 + 10
+	h.incs[2] = 1<<33 + 5
+	h.recv(at(0.1), h.hb(2, 1, 2, 3))
+	acks := []Ack{
+		{Node: 1, Incarnation: 1, Seq: 10},
+		{Node: 2, Incarnation: 5, Seq: 1},
+		{Node: 4, Incarnation: 77, Seq: 3},
+	}
+	h.m.widen(acks)
+	want := []Ack{
+		{Node: 1, Incarnation: 1, Seq: 1<<32 + 10},
+		{Node: 2, Incarnation: 1<<33 + 5, Seq: 1},
+		{Node: 4, Incarnation: 77, Seq: 3},
+	}
+	for i := range want {
+		if acks[i] != want[i] {
+			t.Errorf("ack %d widened to %+v, want %+v", i, acks[i], want[i])
+		}
+	}
+}

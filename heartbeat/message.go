@@ -47,6 +47,11 @@ type Message struct {
 	// peer's incarnation: what the sender hears, and how far.
 	Acks     []Ack
 	Counters Counters
+	// CompactAcks: on the wire, Acks carry the low 32 bits of each
+	// incarnation and sequence (protocol version 3). Encode writes version
+	// 3 for a message with it; Decode sets it for one, and Machine.Receive
+	// widens the acknowledgements before it reads them.
+	CompactAcks bool
 }
 
 // Ack is what a heartbeat says of one peer it hears: the peer's incarnation,

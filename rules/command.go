@@ -87,7 +87,7 @@ var commandTable = map[CommandType]func() Command{
 // added later gets the next level in commandSince, and the leader proposes
 // it only once every registered node reports that level, so no replica
 // meets an entry it cannot decode during a rolling upgrade.
-const CommandLevel = listedWeightLevel
+const CommandLevel = CompactHeartbeatLevel
 
 // commandSince is the level each command type needs; types not listed
 // need level 1.
@@ -97,6 +97,12 @@ var commandSince = map[CommandType]int{
 
 // listedWeightLevel is the level a SetWeight with lists needs.
 const listedWeightLevel = 6
+
+// CompactHeartbeatLevel is the level of a shoal that decodes heartbeats of
+// protocol version 3 (compact acknowledgements, heartbeat.ProtocolVersion):
+// an agent sends them once every registered node reports it (Speaks). No
+// command needs it.
+const CompactHeartbeatLevel = 7
 
 // zoneLevel is the level a registration with a zone needs (NodeInfo.Zone:
 // replicas below it refuse the field).

@@ -753,3 +753,15 @@ func TestFSMRetriedRequest(t *testing.T) {
 		t.Errorf("remembering %d results (%d ids), want %d", len(tf.f.recent), len(tf.f.byID), maxRecent)
 	}
 }
+
+// TestSpeaks: a level is spoken when every registered node reports it.
+func TestSpeaks(t *testing.T) {
+	s := &State{Nodes: []Node{{ID: 1, NodeInfo: NodeInfo{CommandLevel: CompactHeartbeatLevel}}, {ID: 2, NodeInfo: NodeInfo{CommandLevel: CompactHeartbeatLevel}}}}
+	if !s.Speaks(CompactHeartbeatLevel) {
+		t.Error("every node at the level: not spoken")
+	}
+	s.Nodes[1].CommandLevel = 0
+	if s.Speaks(CompactHeartbeatLevel) || !s.Speaks(1) {
+		t.Error("a node at level 1: the level spoken, or level 1 not")
+	}
+}

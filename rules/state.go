@@ -80,6 +80,17 @@ func (s *State) legacyMember() *Node {
 	return nil
 }
 
+// Speaks reports whether every registered node reports command level
+// level or above.
+func (s *State) Speaks(level int) bool {
+	for i := range s.Nodes {
+		if s.Nodes[i].level() < level {
+			return false
+		}
+	}
+	return true
+}
+
 // CheckSupported returns ErrUnsupported unless every registered node
 // reports the command level cmd's type needs.
 func (s *State) CheckSupported(cmd Command) error {

@@ -54,6 +54,7 @@ type membership struct {
 	// Owned by the goroutine (or by the caller before run starts).
 	machine      *heartbeat.Machine[*lazySet]
 	rs           *rules.State
+	compact      bool                      // every registered node decodes compact acknowledgements (heartbeat protocol 3)
 	cfgs         map[uint64]*filter.Config // by rules index: owned(v) uses v's rules
 	inheritDirty filter.Set                // see Snap.inheritedDirty
 	assigner     *sharedAssigner
@@ -218,6 +219,7 @@ func (m *membership) owned(v heartbeat.View) *lazySet {
 // registry after.
 func (m *membership) applyRules(now time.Time, st *rules.State) {
 	m.rs = st
+	m.compact = st.Speaks(rules.CompactHeartbeatLevel)
 	m.cfgs[st.Index] = st.FilterConfig()
 	m.onRules(st)
 	m.setLocal(now)
@@ -481,9 +483,10 @@ func (m *membership) send(now time.Time, pushed bool) {
 	if !pushed {
 		msg = readvertise(msg, m.inKernel)
 	}
-	if m.inKernel.keeping {
+	if m.inKernel.keeping || m.compact {
 		c := *msg
-		c.Keeping = true
+		c.Keeping = c.Keeping || m.inKernel.keeping
+		c.CompactAcks = m.compact
 		msg = &c
 	}
 	m.lastSent, m.sentKeeping = now, msg.Keeping

@@ -471,3 +471,42 @@ func TestHeartbeatTimingScalesWithRegistry(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactHeartbeatsOnceEveryNodeSpeaks: a member sends heartbeats with
+// compact acknowledgements (protocol 3) only while every registered node
+// reports rules.CompactHeartbeatLevel: one older node keeps the whole
+// cluster on protocol 2, which it decodes.
+func TestCompactHeartbeatsOnceEveryNodeSpeaks(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		levels [2]int
+		want   bool
+	}{
+		{"both at the level", [2]int{rules.CompactHeartbeatLevel, rules.CompactHeartbeatLevel}, true},
+		{"one below it", [2]int{rules.CompactHeartbeatLevel, rules.CompactHeartbeatLevel - 1}, false},
+		{"neither says", [2]int{0, 0}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := twoNodeRules(5, 50, 50)
+			for i := range st.Nodes {
+				st.Nodes[i].CommandLevel = tc.levels[i]
+			}
+			now := time.Unix(1000, 0)
+			p := newMemberPair(t, st, &now, nil)
+			seen := 0
+			for range 20 {
+				now = now.Add(10 * time.Millisecond)
+				for _, msg := range append(p.inbox[0], p.inbox[1]...) {
+					seen++
+					if msg.CompactAcks != tc.want {
+						t.Fatalf("levels %v: a heartbeat with compact acks %v, want %v", tc.levels, msg.CompactAcks, tc.want)
+					}
+				}
+				p.step()
+			}
+			if seen == 0 {
+				t.Fatal("no heartbeat sent")
+			}
+		})
+	}
+}
