@@ -343,8 +343,8 @@ func (m *Machine[S]) Receive(now time.Time, msg *Message, from netip.AddrPort) e
 
 // widen gives acknowledgements that carry the low 32 bits of incarnation
 // and sequence (protocol version 3) their full values from what this node
-// knows: its own incarnation and the last sequence it sent, its peers'
-// incarnations and the highest sequence it received from each; the
+// knows: its own incarnation and the last sequence it sent, and of each
+// peer the incarnation and highest sequence it received (seen); the
 // sequence is the one nearest to what it knows. An incarnation it does not
 // know stays as it came, and compares unequal to every one it knows, as
 // it would in full (and an incarnation below 2^32, as they all are, is
@@ -354,11 +354,7 @@ func (m *Machine[S]) widen(acks []Ack) {
 		a := &acks[i]
 		inc, seq := m.cfg.Incarnation, m.seq
 		if a.Node != m.cfg.Self {
-			s := m.seen[a.Node]
-			inc, seq = s.inc, s.seq
-			if p := m.peers[a.Node]; p != nil && p.msg != nil && uint32(p.msg.Incarnation) == uint32(a.Incarnation) {
-				inc = p.msg.Incarnation
-			}
+			inc, seq = m.seen[a.Node].inc, m.seen[a.Node].seq
 		}
 		if uint32(inc) == uint32(a.Incarnation) {
 			a.Incarnation = inc

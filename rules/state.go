@@ -71,9 +71,12 @@ func (s *State) MaxPriority() int {
 }
 
 // legacyMember is the first registered node below bigClusterLevel, or nil.
-func (s *State) legacyMember() *Node {
+func (s *State) legacyMember() *Node { return s.below(bigClusterLevel) }
+
+// below is the first registered node below command level level, or nil.
+func (s *State) below(level int) *Node {
 	for i := range s.Nodes {
-		if s.Nodes[i].level() < bigClusterLevel {
+		if s.Nodes[i].level() < level {
 			return &s.Nodes[i]
 		}
 	}
@@ -82,14 +85,7 @@ func (s *State) legacyMember() *Node {
 
 // Speaks reports whether every registered node reports command level
 // level or above.
-func (s *State) Speaks(level int) bool {
-	for i := range s.Nodes {
-		if s.Nodes[i].level() < level {
-			return false
-		}
-	}
-	return true
-}
+func (s *State) Speaks(level int) bool { return s.below(level) == nil }
 
 // CheckSupported returns ErrUnsupported unless every registered node
 // reports the command level cmd's type needs.
@@ -104,10 +100,8 @@ func (s *State) CheckSupported(cmd Command) error {
 	if r, ok := cmd.(*RegisterNode); ok && r.Info.Zone != "" {
 		need = max(need, zoneLevel)
 	}
-	for i := range s.Nodes {
-		if n := &s.Nodes[i]; n.level() < need {
-			return fmt.Errorf("%w: command type %d needs command level %d on every member, and node %d (%s) runs a shoal at level %d; upgrade every node first", ErrUnsupported, cmd.Type(), need, n.ID, n.Name, n.level())
-		}
+	if n := s.below(need); n != nil {
+		return fmt.Errorf("%w: command type %d needs command level %d on every member, and node %d (%s) runs a shoal at level %d; upgrade every node first", ErrUnsupported, cmd.Type(), need, n.ID, n.Name, n.level())
 	}
 	return nil
 }
