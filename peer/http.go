@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -68,7 +69,9 @@ const maxPeerConns = 256
 // connections open at once, each over mutual TLS under certs, and at most
 // maxHandshakes of them in their TLS handshake at once.
 func Listener(ln net.Listener, certs *Certs, refusals *Refusals) net.Listener {
-	return newHandshakeListener(LimitListener(ln, "peer", maxPeerConns, refusals), certs.ServerConfig(), "peer", maxHandshakes, refusals)
+	return NewHandshakeListener(LimitListener(ln, "peer", maxPeerConns, refusals), HandshakeConfig{
+		Name: "peer", TLS: certs.ServerConfig(), Slots: maxHandshakes, Refusals: refusals,
+	})
 }
 
 // maxHandshakes bounds the peer API's TLS handshakes in progress at once.
@@ -82,29 +85,50 @@ func Listener(ln net.Listener, certs *Certs, refusals *Refusals) net.Listener {
 // peer silent, as it is, and tries again while the peer stays a suspect.
 const maxHandshakes = 16
 
-// handshakeListener completes each connection's TLS handshake before
-// Accept returns it (the server's own handshake is then a no-op), at
-// most slots at a time; a connection past them is closed and counted.
-type handshakeListener struct {
-	net.Listener
-	config   *tls.Config
-	name     string
-	refusals *Refusals
-	slots    chan struct{}
-	ready    chan net.Conn
-	failed   chan error // the inner Accept's error that ended the loop
-	done     chan struct{}
-	close    sync.Once
+// HandshakeConfig is what a HandshakeListener checks and how.
+type HandshakeConfig struct {
+	Name     string      // the listener's name in the refusals: "peer", "raft"
+	TLS      *tls.Config // the server's side of the handshake
+	Slots    int         // handshakes in progress at most (at least 1)
+	Refusals *Refusals
+	// Admit, when set, says whether a connection from remote may
+	// handshake at all; one it refuses is closed and counted
+	// (RefuseAddress) before any TLS work.
+	Admit func(remote net.Addr) bool
+	// Check, when set, judges the peer of a completed handshake; an error
+	// closes the connection, counted (RefuseNotMember).
+	Check func(*tls.ConnectionState) error
+	// Log, when set, hears of accept failures other than a close (out of
+	// file descriptors, say), after which the listener goes on.
+	Log *slog.Logger
 }
 
-func newHandshakeListener(ln net.Listener, config *tls.Config, name string, slots int, refusals *Refusals) *handshakeListener {
-	l := &handshakeListener{Listener: ln, config: config, name: name, refusals: refusals,
-		slots: make(chan struct{}, slots), ready: make(chan net.Conn), failed: make(chan error, 1), done: make(chan struct{})}
+// HandshakeListener completes each connection's TLS handshake before
+// Accept returns it (the server's own handshake is then a no-op), at most
+// Slots at a time, each within HandshakeTimeout: a connection past the
+// slots is closed at once and counted (RefuseTooMany), so a slow or
+// hostile client holds up no one, and a flood of them costs no more CPU
+// than Slots handshakes at a time. The peer API and Raft accept through
+// it.
+type HandshakeListener struct {
+	net.Listener
+	cfg    HandshakeConfig
+	slots  chan struct{}
+	ready  chan *tls.Conn
+	failed chan error // the inner Accept's error that ended the loop
+	done   chan struct{}
+	close  sync.Once
+}
+
+// NewHandshakeListener accepts from ln, which it owns from now on.
+func NewHandshakeListener(ln net.Listener, cfg HandshakeConfig) *HandshakeListener {
+	l := &HandshakeListener{Listener: ln, cfg: cfg,
+		slots: make(chan struct{}, max(cfg.Slots, 1)), ready: make(chan *tls.Conn), failed: make(chan error, 1), done: make(chan struct{})}
 	go l.acceptLoop()
 	return l
 }
 
-func (l *handshakeListener) acceptLoop() {
+func (l *HandshakeListener) acceptLoop() {
 	for {
 		c, err := l.Listener.Accept()
 		if errors.Is(err, net.ErrClosed) {
@@ -114,6 +138,9 @@ func (l *handshakeListener) acceptLoop() {
 		if err != nil {
 			// Out of file descriptors, say: the listener stays, as an
 			// http.Server's own loop would keep it.
+			if l.cfg.Log != nil {
+				l.cfg.Log.Warn("accept", "listener", l.cfg.Name, "err", err)
+			}
 			select {
 			case <-l.done:
 				return
@@ -121,10 +148,15 @@ func (l *handshakeListener) acceptLoop() {
 			}
 			continue
 		}
+		if l.cfg.Admit != nil && !l.cfg.Admit(c.RemoteAddr()) {
+			l.cfg.Refusals.Refuse(l.cfg.Name, RefuseAddress, c.RemoteAddr(), nil)
+			c.Close()
+			continue
+		}
 		select {
 		case l.slots <- struct{}{}:
 		default:
-			l.refusals.Refuse(l.name, RefuseTooMany, c.RemoteAddr(), errors.New("too many TLS handshakes in progress"))
+			l.cfg.Refusals.Refuse(l.cfg.Name, RefuseTooMany, c.RemoteAddr(), errors.New("too many TLS handshakes in progress"))
 			c.Close()
 			continue
 		}
@@ -132,14 +164,10 @@ func (l *handshakeListener) acceptLoop() {
 	}
 }
 
-func (l *handshakeListener) handshake(c net.Conn) {
-	tc := tls.Server(c, l.config)
-	ctx, cancel := context.WithTimeout(context.Background(), HandshakeTimeout)
-	err := tc.HandshakeContext(ctx)
-	cancel()
+func (l *HandshakeListener) handshake(c net.Conn) {
+	tc, err := l.serverHandshake(c)
 	<-l.slots
 	if err != nil {
-		l.refusals.Refuse(l.name, RefuseHandshake, c.RemoteAddr(), err)
 		c.Close()
 		return
 	}
@@ -150,8 +178,27 @@ func (l *handshakeListener) handshake(c net.Conn) {
 	}
 }
 
-// Accept returns the next connection whose handshake completed.
-func (l *handshakeListener) Accept() (net.Conn, error) {
+func (l *HandshakeListener) serverHandshake(c net.Conn) (*tls.Conn, error) {
+	tc := tls.Server(c, l.cfg.TLS)
+	ctx, cancel := context.WithTimeout(context.Background(), HandshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		l.cfg.Refusals.Refuse(l.cfg.Name, RefuseHandshake, c.RemoteAddr(), err)
+		return nil, err
+	}
+	if l.cfg.Check != nil {
+		st := tc.ConnectionState()
+		if err := l.cfg.Check(&st); err != nil {
+			l.cfg.Refusals.Refuse(l.cfg.Name, RefuseNotMember, c.RemoteAddr(), err)
+			return nil, err
+		}
+	}
+	return tc, nil
+}
+
+// Accept returns the next connection whose handshake completed (a
+// *tls.Conn).
+func (l *HandshakeListener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.ready:
 		return c, nil
@@ -164,10 +211,14 @@ func (l *handshakeListener) Accept() (net.Conn, error) {
 }
 
 // Close stops accepting; connections in their handshake are closed as
-// they finish it.
-func (l *handshakeListener) Close() error {
-	l.close.Do(func() { close(l.done) })
-	return l.Listener.Close()
+// they finish it. Safe to call twice.
+func (l *HandshakeListener) Close() error {
+	err := net.ErrClosed
+	l.close.Do(func() {
+		close(l.done)
+		err = l.Listener.Close()
+	})
+	return err
 }
 
 // refusalLog is an http.Server's error log: it counts failed TLS

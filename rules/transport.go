@@ -3,12 +3,10 @@ package rules
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -33,22 +31,16 @@ const (
 	maxRaftHandshakes = 16
 )
 
-// tlsStream is a raft.StreamLayer over mutual TLS.
+// tlsStream is a raft.StreamLayer over mutual TLS: it accepts through a
+// peer.HandshakeListener (a bounded number of handshakes at once, so a
+// slow or hostile client holds up no one), which admits a connection by
+// its address and its certificate's node name.
 type tlsStream struct {
-	ln        net.Listener
+	ln        *peer.HandshakeListener
 	advertise net.Addr
 	certs     *peer.Certs
-	// admitAddr says whether a connection from an address may handshake,
-	// admitName whether a peer with that certificate may talk Raft.
-	admitAddr func(netip.Addr) bool
+	// admitName says whether a peer with that certificate may talk Raft.
 	admitName func(string) bool
-	refusals  *peer.Refusals
-	log       *slog.Logger
-
-	handshakes chan struct{} // one token per handshake in progress
-	conns      chan net.Conn
-	done       chan struct{}
-	closeOnce  sync.Once
 }
 
 // streamConfig is what listenTLSStream needs.
@@ -56,6 +48,8 @@ type streamConfig struct {
 	bind      string
 	advertise net.Addr // nil: the bound address, which must then be a specific IP
 	certs     *peer.Certs
+	// admitAddr says whether a connection from an address may handshake,
+	// admitName whether a peer with that certificate may talk Raft.
 	admitAddr func(netip.Addr) bool
 	admitName func(string) bool
 	refusals  *peer.Refusals
@@ -75,82 +69,27 @@ func listenTLSStream(cfg streamConfig) (*tlsStream, error) {
 		ln.Close()
 		return nil, fmt.Errorf("%w: raft address %s cannot be dialled by peers; set the raft advertise address", ErrInvalid, addr)
 	}
-	if cfg.admitAddr == nil {
-		cfg.admitAddr = func(netip.Addr) bool { return true }
+	admitAddr, admitName := cfg.admitAddr, cfg.admitName
+	if admitAddr == nil {
+		admitAddr = func(netip.Addr) bool { return true }
 	}
-	if cfg.admitName == nil {
-		cfg.admitName = func(string) bool { return true }
+	if admitName == nil {
+		admitName = func(string) bool { return true }
 	}
-	a := &tlsStream{
-		ln: peer.LimitListener(ln, "raft", maxRaftConns, cfg.refusals), advertise: addr, certs: cfg.certs,
-		admitAddr: cfg.admitAddr, admitName: cfg.admitName, refusals: cfg.refusals, log: cfg.log,
-		handshakes: make(chan struct{}, maxRaftHandshakes), conns: make(chan net.Conn), done: make(chan struct{}),
-	}
-	go a.acceptLoop()
-	return a, nil
-}
-
-// acceptLoop accepts connections and hands over those that pass the
-// checks; handshakes run concurrently, a bounded number at once, so a slow
-// or hostile client holds up no one.
-func (a *tlsStream) acceptLoop() {
-	for {
-		c, err := a.ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
+	hl := peer.NewHandshakeListener(peer.LimitListener(ln, "raft", maxRaftConns, cfg.refusals), peer.HandshakeConfig{
+		Name: "raft", TLS: cfg.certs.ServerConfig(), Slots: maxRaftHandshakes, Refusals: cfg.refusals, Log: cfg.log,
+		Admit: func(remote net.Addr) bool {
+			ap, err := netip.ParseAddrPort(remote.String())
+			return err == nil && admitAddr(ap.Addr().Unmap())
+		},
+		Check: func(st *tls.ConnectionState) error {
+			if name := peer.Name(st); !admitName(name) {
+				return fmt.Errorf("%q is not a node of this cluster", name)
 			}
-			a.log.Warn("raft accept", "err", err)
-			select {
-			case <-a.done:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			continue
-		}
-		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err != nil || !a.admitAddr(ap.Addr().Unmap()) {
-			a.refusals.Refuse("raft", peer.RefuseAddress, c.RemoteAddr(), nil)
-			c.Close()
-			continue
-		}
-		select {
-		case a.handshakes <- struct{}{}:
-		default:
-			a.refusals.Refuse("raft", peer.RefuseTooMany, c.RemoteAddr(), errors.New("too many handshakes in progress"))
-			c.Close()
-			continue
-		}
-		go func() {
-			tc, err := a.serverHandshake(c)
-			<-a.handshakes
-			if err != nil {
-				c.Close()
-				return
-			}
-			select {
-			case a.conns <- &idleConn{Conn: tc, idle: raftIdleTimeout}:
-			case <-a.done:
-				tc.Close()
-			}
-		}()
-	}
-}
-
-func (a *tlsStream) serverHandshake(c net.Conn) (*tls.Conn, error) {
-	tc := tls.Server(c, a.certs.ServerConfig())
-	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
-	defer cancel()
-	if err := tc.HandshakeContext(ctx); err != nil {
-		a.refusals.Refuse("raft", peer.RefuseHandshake, c.RemoteAddr(), err)
-		return nil, err
-	}
-	st := tc.ConnectionState()
-	if name := peer.Name(&st); !a.admitName(name) {
-		err := fmt.Errorf("%q is not a node of this cluster", name)
-		a.refusals.Refuse("raft", peer.RefuseNotMember, c.RemoteAddr(), err)
-		return nil, err
-	}
-	return tc, nil
+			return nil
+		},
+	})
+	return &tlsStream{ln: hl, advertise: addr, certs: cfg.certs, admitName: admitName}, nil
 }
 
 // Dial implements raft.StreamLayer.
@@ -174,25 +113,18 @@ func (a *tlsStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Co
 	return tc, nil
 }
 
-// Accept implements net.Listener.
+// Accept implements net.Listener: the next connection that passed the
+// checks, closed after raftIdleTimeout without a byte to read.
 func (a *tlsStream) Accept() (net.Conn, error) {
-	select {
-	case c := <-a.conns:
-		return c, nil
-	case <-a.done:
-		return nil, net.ErrClosed
+	c, err := a.ln.Accept()
+	if err != nil {
+		return nil, err
 	}
+	return &idleConn{Conn: c, idle: raftIdleTimeout}, nil
 }
 
 // Close implements net.Listener.
-func (a *tlsStream) Close() error {
-	var err error
-	a.closeOnce.Do(func() {
-		close(a.done)
-		err = a.ln.Close()
-	})
-	return err
-}
+func (a *tlsStream) Close() error { return a.ln.Close() }
 
 // Addr implements net.Listener: the address peers dial.
 func (a *tlsStream) Addr() net.Addr { return a.advertise }
