@@ -4,8 +4,6 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // readQueued reads a datagram already waiting in conn into buf, without
@@ -19,23 +17,26 @@ func readQueued(conn net.PacketConn, buf []byte) (n int, from netip.AddrPort, ok
 	if err != nil {
 		return 0, netip.AddrPort{}, false
 	}
-	var sa unix.Sockaddr
+	var sa syscall.Sockaddr
 	var rerr error
 	// A single read that does not wait (MSG_DONTWAIT) and no wake-up of
 	// the poller. Control, not Read: Read refuses once the receive
 	// deadline has passed, and a late wake-up (a busy machine) is when the
 	// heartbeats waiting must be taken before silences are judged.
 	if err := raw.Control(func(fd uintptr) {
-		n, sa, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+		// syscall's, not x/sys/unix's Recvfrom: the latter asks the
+		// socket's protocol (a getsockopt) for every address it returns,
+		// one system call more per heartbeat.
+		n, sa, rerr = syscall.Recvfrom(int(fd), buf, syscall.MSG_DONTWAIT)
 	}); err != nil || rerr != nil {
 		// Nothing waiting (EAGAIN), or a failure the next blocking
 		// Receive meets and handles.
 		return 0, netip.AddrPort{}, false
 	}
 	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
+	case *syscall.SockaddrInet4:
 		from = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *unix.SockaddrInet6:
+	case *syscall.SockaddrInet6:
 		from = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
 	default:
 		return 0, netip.AddrPort{}, false

@@ -40,7 +40,8 @@ type Transport struct {
 	conn      atomic.Pointer[net.PacketConn]
 	clusterID uint32
 	keys      atomic.Pointer[Keyring]
-	rbuf      []byte // Receive's
+	rbuf      []byte  // Receive's
+	batch     batcher // Send's
 
 	// mu orders the socket's replacement against Close and the receive
 	// deadline, so neither is lost on the socket being replaced.
@@ -115,23 +116,35 @@ func (t *Transport) Close() error {
 	return t.socket().Close()
 }
 
-// Send encodes msg once and sends it to every address.
+// Send encodes msg once and sends it to every address. Send is not safe
+// for concurrent use with itself (one goroutine sends).
 func (t *Transport) Send(msg *Message, to []netip.AddrPort) error {
 	b, err := Encode(msg, t.keys.Load())
 	if err != nil {
 		return err
 	}
 	var errs []error
+	sent := t.batch.sendEvery(t.socket(), b, to, func(ap netip.AddrPort, err error) {
+		t.sendErrors.Add(1)
+		errs = append(errs, fmt.Errorf("send heartbeat to %s: %w", ap, err))
+	})
+	t.sent.Add(uint64(sent))
+	t.sentBytes.Add(uint64(sent * len(b)))
+	return errors.Join(errs...)
+}
+
+// sendEach sends b to every address in to, one write each; it calls failed
+// for each one refused and returns how many went out.
+func sendEach(conn net.PacketConn, b []byte, to []netip.AddrPort, failed func(netip.AddrPort, error)) int {
+	sent := 0
 	for _, ap := range to {
-		if _, err := t.socket().WriteTo(b, net.UDPAddrFromAddrPort(ap)); err != nil {
-			t.sendErrors.Add(1)
-			errs = append(errs, fmt.Errorf("send heartbeat to %s: %w", ap, err))
+		if _, err := conn.WriteTo(b, net.UDPAddrFromAddrPort(ap)); err != nil {
+			failed(ap, err)
 			continue
 		}
-		t.sent.Add(1)
-		t.sentBytes.Add(uint64(len(b)))
+		sent++
 	}
-	return errors.Join(errs...)
+	return sent
 }
 
 // Serve reads heartbeats until the socket is closed, counts the rejected

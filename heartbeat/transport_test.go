@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -345,5 +346,51 @@ func TestTransportReceiveQueued(t *testing.T) {
 	}
 	if late == nil || late.Seq != 4 {
 		t.Errorf("queued after the deadline passed: %v, want sequence 4", late)
+	}
+}
+
+// TestTransportSendsToEveryPeer: one Send reaches every address, however
+// many there are (they go out in batches), and an address the socket
+// refuses (port 0, another family) is counted and skipped without holding
+// up the rest, twice in a row (the batch's buffers are reused).
+func TestTransportSendsToEveryPeer(t *testing.T) {
+	tr, err := Listen("127.0.0.1:0", 7, simRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	const peers = 40
+	var rx []*Transport
+	var to []netip.AddrPort
+	for i := range peers {
+		r, err := Listen("127.0.0.1:0", 7, simRing)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		rx = append(rx, r)
+		to = append(to, netip.MustParseAddrPort(r.LocalAddr().String()))
+		switch i {
+		case 10:
+			to = append(to, netip.MustParseAddrPort("127.0.0.1:0"))
+		case 20:
+			to = append(to, netip.MustParseAddrPort("[::1]:7946"))
+		}
+	}
+	for seq := uint64(1); seq <= 2; seq++ {
+		err := tr.Send(&Message{ClusterID: 7, Node: 9, Incarnation: 1, Seq: seq}, to)
+		if err == nil || !strings.Contains(err.Error(), "127.0.0.1:0") || !strings.Contains(err.Error(), "[::1]:7946") {
+			t.Errorf("send %d: error %v; want the two refused addresses named", seq, err)
+		}
+		for i, r := range rx {
+			r.SetReceiveDeadline(time.Now().Add(5 * time.Second))
+			msg, _, err := r.Receive()
+			if err != nil || msg.Seq != seq {
+				t.Fatalf("send %d: peer %d received %v, %v", seq, i, msg, err)
+			}
+		}
+	}
+	if st := tr.Stats(); st.Sent != 2*peers || st.SendErrors != 4 {
+		t.Errorf("sent %d, errors %d; want %d and 4", st.Sent, st.SendErrors, 2*peers)
 	}
 }
