@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -496,7 +497,9 @@ func (l *Lab) waitConverged(ctx context.Context, nodes []Host, timeout time.Dura
 		}
 		return Ready(st, len(nodes))
 	}); err != nil {
-		return fmt.Errorf("lab: %d nodes did not converge: %w", len(nodes), err)
+		last := nodes[len(nodes)-1]
+		return fmt.Errorf("lab: %d nodes did not converge: %w; %s's agent log ends: %s%s", len(nodes), err,
+			last.Name, strings.ReplaceAll(lastLines(tail(filepath.Join(l.Dir, last.Name+".agent.log"), 4096), 3), "\n", " | "), overloaded())
 	}
 	l.log.Info("converged", "nodes", len(nodes))
 	return nil
@@ -712,6 +715,34 @@ func (l *Lab) agentsAlive() error {
 		}
 	}
 	return nil
+}
+
+// overloaded reads the machine's load for loadNote.
+func overloaded() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	load, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return ""
+	}
+	return loadNote(load, runtime.NumCPU())
+}
+
+// loadNote says, when the load is past four runnable threads a CPU, that
+// the agents are starved of CPU: heartbeats then go out late, and peers
+// take a node that is only slow for dead (a view change is every agent's
+// work at once, so one brings on the next). "" otherwise.
+func loadNote(load float64, cpus int) string {
+	if load <= 4*float64(cpus) {
+		return ""
+	}
+	return fmt.Sprintf("; the machine's load is %.0f on %d CPUs: the agents are starved of CPU (heartbeats late, peers taken for dead); try fewer nodes", load, cpus)
 }
 
 // tail returns the last n bytes of a file.
