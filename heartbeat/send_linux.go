@@ -1,6 +1,7 @@
 package heartbeat
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 
@@ -72,6 +73,9 @@ func (bt *batcher) sendEvery(conn net.PacketConn, b []byte, to []netip.AddrPort,
 			failed(left[0], err)
 			rest, left = rest[1:], left[1:]
 		case err != nil || n == 0:
+			if err == nil {
+				err = errors.New("the socket took none of the batch")
+			}
 			for _, ap := range left {
 				failed(ap, err)
 			}
