@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -45,22 +46,22 @@ func (bt *batcher) sendEvery(conn net.PacketConn, b []byte, to []netip.AddrPort,
 			bt.w = ipv6.NewPacketConn(uc)
 		}
 	}
-	bt.ms, bt.to = bt.ms[:0], bt.to[:0]
+	// Room for every message; the ones kept from the last send keep their
+	// Buffers slices.
+	bt.ms, bt.to = slices.Grow(bt.ms[:0], len(to)), bt.to[:0]
 	sent := 0
 	for _, ap := range to {
 		if ap.Addr().Unmap().Is4() != bt.v4 {
 			sent += sendEach(conn, b, []netip.AddrPort{ap}, failed)
 			continue
 		}
-		var m ipv4.Message
-		if len(bt.ms) < cap(bt.ms) {
-			m = bt.ms[:len(bt.ms)+1][len(bt.ms)]
-		}
+		bt.ms = bt.ms[:len(bt.ms)+1]
+		m := &bt.ms[len(bt.ms)-1]
 		if len(m.Buffers) != 1 {
 			m.Buffers = make([][]byte, 1)
 		}
 		m.Buffers[0], m.Addr = b, net.UDPAddrFromAddrPort(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
-		bt.ms, bt.to = append(bt.ms, m), append(bt.to, ap)
+		bt.to = append(bt.to, ap)
 	}
 	for rest, left := bt.ms, bt.to; len(rest) > 0; {
 		n, err := bt.w.WriteBatch(rest, 0)
