@@ -394,3 +394,38 @@ func TestTransportSendsToEveryPeer(t *testing.T) {
 		t.Errorf("sent %d, errors %d; want %d and 4", st.Sent, st.SendErrors, 2*peers)
 	}
 }
+
+// TestTransportSendsToEveryPeerIPv6: the batch of an IPv6 socket (the
+// ipv6 writer), with an IPv4 address among its peers sent alone and
+// refused.
+func TestTransportSendsToEveryPeerIPv6(t *testing.T) {
+	tr, err := Listen("[::1]:0", 7, simRing)
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer tr.Close()
+	var rx []*Transport
+	to := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:7946")}
+	for range 5 {
+		r, err := Listen("[::1]:0", 7, simRing)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		rx = append(rx, r)
+		to = append(to, netip.MustParseAddrPort(r.LocalAddr().String()))
+	}
+	err = tr.Send(&Message{ClusterID: 7, Node: 9, Incarnation: 1, Seq: 1}, to)
+	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:7946") {
+		t.Errorf("error %v; want the IPv4 address named", err)
+	}
+	for i, r := range rx {
+		r.SetReceiveDeadline(time.Now().Add(5 * time.Second))
+		if msg, _, err := r.Receive(); err != nil || msg.Seq != 1 {
+			t.Fatalf("peer %d received %v, %v", i, msg, err)
+		}
+	}
+	if st := tr.Stats(); st.Sent != uint64(len(rx)) || st.SendErrors != 1 {
+		t.Errorf("sent %d, errors %d; want %d and 1", st.Sent, st.SendErrors, len(rx))
+	}
+}
