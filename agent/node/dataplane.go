@@ -275,8 +275,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	if r.healthy && !r.failedAt.IsZero() && now.Sub(r.failedAt) > time.Minute {
 		r.backoff, r.failedAt = 0, time.Time{}
 	}
-	prevView := r.pushedView
-	viewChanged := !s.hb.View.Equal(prevView)
+	viewChanged := !s.hb.View.Equal(r.pushedView)
 	r.last, r.pushedGen, r.pushedView, r.tablesIndex, r.heldFresh = p, s.gen, s.hb.View, s.rs.Index, false
 	r.pushedSnap = s
 	r.pushedMAC = string(mac)
@@ -291,24 +290,11 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	r.publish()
 	r.onPush(s)
 	// The view change itself is logged by onPush, with its cause.
-	if viewChanged && !s.plugged && announces(prevView, s.hb.View, r.self) {
+	if viewChanged && !s.plugged {
 		r.announce()
 	}
 	r.finishDrain(ctx, now, s)
 	return r.wakeIn(now)
-}
-
-// announces reports whether this node sends the gratuitous ARP (or
-// unsolicited NA) for a membership change from prev to next: the lowest
-// node of next, and a node that enters it. Every node announces the same
-// cluster MAC, so one announcement refreshes the segment; when every node
-// announced every change, a 64-node change was 64 broadcasts, each taken
-// by every node's stack and woke every agent's responder (4,000 wake-ups,
-// as many as a round of heartbeats). A node back in the view announces
-// too: its own link may be what changed.
-func announces(prev, next heartbeat.View, self filter.NodeID) bool {
-	in := next.Has(uint32(self))
-	return in && (next.Eligible[0] == uint32(self) || !prev.Has(uint32(self)))
 }
 
 // refused handles a push the data plane did not take: the kernel keeps the

@@ -221,32 +221,3 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 		t.Errorf("node 1 pushed %d tables from node 2's leaving to its acquisition, want 1 (the acquisition)", n)
 	}
 }
-
-// TestAnnounces: one node announces a membership change to the segment
-// (the lowest of the new view), and a node that enters the view announces
-// itself; the others stay quiet.
-func TestAnnounces(t *testing.T) {
-	v := func(ids ...uint32) heartbeat.View { return heartbeat.View{Eligible: ids} }
-	tests := []struct {
-		name       string
-		prev, next heartbeat.View
-		self       filter.NodeID
-		want       bool
-	}{
-		{"lowest of the new view", v(1, 2, 3), v(1, 2), 1, true},
-		{"lowest after the lowest left", v(1, 2, 3), v(2, 3), 2, true},
-		{"in both, not the lowest", v(1, 2, 3), v(1, 2), 2, false},
-		{"entering the view", v(1, 2), v(1, 2, 3), 3, true},
-		{"back after a first view without itself", v(1, 2), v(1, 2, 3), 2, false},
-		{"left the view", v(1, 2, 3), v(1, 2), 3, false},
-		{"the first view", heartbeat.View{}, v(1, 2), 2, true},
-		{"an empty view", v(1), heartbeat.View{}, 1, false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := announces(tc.prev, tc.next, tc.self); got != tc.want {
-				t.Errorf("announces(%v, %v, %d) = %v, want %v", tc.prev.Eligible, tc.next.Eligible, tc.self, got, tc.want)
-			}
-		})
-	}
-}
