@@ -24,7 +24,13 @@ const (
 // drops a node which may still be alive (silent, or cut off on a link, and
 // not confirmed dead by a probe), before it acquires in that view: time for
 // the dropped node to hear that view and yield, since one-way delays stay
-// below a period, with one heartbeat to spare against loss.
+// below a period, with one heartbeat to spare against loss. The periods are
+// Config.HoldPeriod's: the settings' period, not the one ScaledTiming
+// lengthened for a big cluster. The dropped node learns from the
+// heartbeats every member sends at once on adopting the view, not from the
+// next periodic ones, and in a big cluster it hears more of them: the
+// scaled period made the hold, and so every failover, 150 ms longer at 32
+// nodes and 300 ms at 64 for nothing.
 const deathHold = 2
 
 // FastProfile is the fastest failover that keeps 0 false deaths at 20%
@@ -52,6 +58,10 @@ type Config struct {
 	Period      time.Duration // P: one heartbeat per period
 	Tolerance   int           // T: a peer is dead after T periods without a valid heartbeat
 	LagGrace    int           // periods a node's rules index may lag the newest seen before it stops being eligible
+	// HoldPeriod is the period deathHold counts in: the settings' period
+	// when ScaledTiming lengthened Period for a big cluster; at most
+	// Period. 0 means Period.
+	HoldPeriod time.Duration
 }
 
 // WithDefaults returns c with every zero setting replaced by its default.
@@ -61,6 +71,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Tolerance == 0 {
 		c.Tolerance = DefaultTolerance
+	}
+	if c.HoldPeriod == 0 {
+		c.HoldPeriod = c.Period
 	}
 	if c.LagGrace == 0 {
 		c.LagGrace = DefaultLagGrace
@@ -79,6 +92,9 @@ func (c Config) Validate() error {
 	}
 	if c.Period < time.Millisecond {
 		errs = append(errs, fmt.Errorf("heartbeat period %v is below 1ms", c.Period))
+	}
+	if c.HoldPeriod < time.Millisecond || c.HoldPeriod > c.Period {
+		errs = append(errs, fmt.Errorf("hold period %v is not within 1ms and the period %v", c.HoldPeriod, c.Period))
 	}
 	if c.Tolerance < 2 {
 		errs = append(errs, fmt.Errorf("tolerance %d is below 2 periods", c.Tolerance))

@@ -20,7 +20,7 @@ func TestDebugRun(t *testing.T) {
 			dc = c
 		}
 	}
-	s, _, _, last, desc := faultRun(t, dc, *debugSeed, true)
+	s, _, _, last, desc := faultRun(t, dc, Config{}, *debugSeed, true)
 	fmt.Println(desc)
 	s.run(last + 3*time.Second)
 }

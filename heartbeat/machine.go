@@ -972,7 +972,8 @@ func (m *Machine[S]) adopt(now time.Time, v View) {
 // holdFor is how long acquisition waits after node id left the view or
 // was seen claiming buckets without hearing this node: 0 when it knows
 // (it advertises a view without itself: leaving, stopped, unhealthy,
-// lagging) or a probe found it gone; deathHold periods when it still hears,
+// lagging) or a probe found it gone; deathHold hold periods (see
+// deathHold) when it still hears,
 // within the last two periods, a member that hears it (it learns from that
 // member's next heartbeat that it must yield); else T+1 periods, by which
 // it has found itself alone or deaf (see Status.Deaf).
@@ -986,18 +987,18 @@ func (m *Machine[S]) holdFor(id uint32, now time.Time) time.Duration {
 	case !p.live && m.probedDead(p, now):
 		return 0
 	case !p.live:
-		return m.period(deathHold)
+		return m.deathHoldLength(now)
 	}
 	for _, a := range p.msg.Acks {
 		if a.Age > 1 {
 			continue
 		}
 		if a.Node == m.cfg.Self && a.Incarnation == m.cfg.Incarnation {
-			return m.period(deathHold)
+			return m.deathHoldLength(now)
 		}
 		if k := m.peers[a.Node]; k != nil && k.live && a.Incarnation == k.msg.Incarnation && m.view.Has(a.Node) {
 			if b, ok := ackOf(k.msg.Acks, id); ok && b.Incarnation == p.msg.Incarnation {
-				return m.period(deathHold)
+				return m.deathHoldLength(now)
 			}
 		}
 	}

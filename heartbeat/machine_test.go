@@ -36,9 +36,16 @@ func hAddr(id uint32) netip.AddrPort {
 }
 
 func newHarness(t *testing.T, self uint32, peers ...uint32) *harness {
+	return newHarnessWith(t, Config{Period: tP, Tolerance: 6, LagGrace: 10}, self, peers...)
+}
+
+// newHarnessWith is newHarness with the timing of cfg (its period,
+// tolerance, lag grace and hold period).
+func newHarnessWith(t *testing.T, cfg Config, self uint32, peers ...uint32) *harness {
 	h := &harness{t: t, self: self, peers: peers, seqs: map[uint32]uint64{}, incs: map[uint32]uint64{}}
 	own := toyOwned(self)
-	m, err := NewMachine(Config{ClusterID: 1, Self: self, Incarnation: 1, Period: tP, Tolerance: 6, LagGrace: 10}, t0,
+	cfg.ClusterID, cfg.Self, cfg.Incarnation = 1, self, 1
+	m, err := NewMachine(cfg, t0,
 		func(v View) toySet { h.owned++; return own(v) }, toyIntersect)
 	if err != nil {
 		t.Fatal(err)
@@ -261,10 +268,19 @@ func TestSendBudgetWhateverTheSize(t *testing.T) {
 
 // TestDeathHold: a view that drops a silent peer is acted on only after
 // the hold (the peer may still be alive and not know), unless a probe
-// found the peer gone.
+// found the peer gone. The hold is deathHold hold periods: with a period
+// scaled for a big cluster, the settings' period, not the scaled one.
 func TestDeathHold(t *testing.T) {
-	for _, probed := range []bool{false, true} {
-		h := newHarness(t, 1, 2)
+	for _, tc := range []struct {
+		probed bool
+		hold   time.Duration // Config.HoldPeriod
+	}{{false, 0}, {true, 0}, {false, tP / 3}} {
+		probed := tc.probed
+		h := newHarnessWith(t, Config{Period: tP, Tolerance: 6, LagGrace: 10, HoldPeriod: tc.hold}, 1, 2)
+		hold := deathHold * tP
+		if tc.hold != 0 {
+			hold = deathHold * tc.hold
+		}
 		now := converge2(h)
 		last := now.Add(time.Millisecond)
 		if probed {
@@ -289,13 +305,13 @@ func TestDeathHold(t *testing.T) {
 		if toyCount(st.Accept) != 8 || st.Converged {
 			t.Fatalf("on the view change: accept %d converged %v; want the 8 it had, not converged", toyCount(st.Accept), st.Converged)
 		}
-		h.runTo(died.Add(deathHold*tP - time.Millisecond))
+		h.runTo(died.Add(hold - time.Millisecond))
 		if toyCount(h.m.Status().Accept) != 8 {
-			t.Fatal("acquired before the hold ended")
+			t.Fatalf("hold period %v: acquired before the hold (%v) ended", tc.hold, hold)
 		}
-		h.runTo(died.Add(deathHold * tP))
+		h.runTo(died.Add(hold))
 		if st := h.m.Status(); !st.Converged || toyCount(st.Accept) != 16 {
-			t.Fatalf("after the hold: converged %v accept %d, want all 16", st.Converged, toyCount(st.Accept))
+			t.Fatalf("hold period %v: after the hold (%v): converged %v accept %d, want all 16", tc.hold, hold, st.Converged, toyCount(st.Accept))
 		}
 	}
 }

@@ -290,13 +290,14 @@ func TestSimFailoverTimes(t *testing.T) {
 			if *simRuns > 0 {
 				seeds = *simRuns
 			}
-			if n > 8 && (!*simLarge || su.cfg.Period != 0 || !su.probes) {
+			if n > 8 && (!*simLarge || su.cfg.Period != 0) {
 				continue // the large clusters: at the defaults, with -simlarge
 			}
 			cfg := su.cfg
 			if su.cfg.Period == 0 {
 				// The timing the agent uses for n registered nodes.
 				cfg.Period, cfg.Tolerance = ScaledTiming(DefaultPeriod, DefaultTolerance, n)
+				cfg.HoldPeriod = DefaultPeriod
 			}
 			c := cfg.WithDefaults()
 			p := c.Period
@@ -305,7 +306,7 @@ func TestSimFailoverTimes(t *testing.T) {
 				p, c.Tolerance, su.probes, n, seeds, summary(fs.fail), summary(fs.afterDetect), summary(fs.join))
 			agree := 5 * time.Millisecond
 			if !su.probes {
-				agree = deathHold*p + 5*time.Millisecond
+				agree = deathHold*c.HoldPeriod + 5*time.Millisecond
 			}
 			limit := time.Duration(c.Tolerance)*p + agree
 			for _, d := range fs.fail {

@@ -153,15 +153,15 @@ func (s *sim) setLocal(i int, stopped, healthy bool) {
 var faultSizes = []int{2, 3, 4, 5, 8}
 
 // faultRun prepares run seed of TestSimRandomFaults in delay class dc
-// (TestDebugRun traces one): a cluster of faultSizes[seed%5] nodes whose
+// (TestDebugRun traces one) at timing cfg: a cluster of faultSizes[seed%5] nodes whose
 // links have random delays within the class, all started, and a random
 // fault plan from a second after the start (from). It returns the sim,
 // the class's largest one-way delay, from, when the last fault ends and
 // the plan. With trace, every event is printed from the start on.
-func faultRun(t *testing.T, dc delayClass, seed int, trace bool) (s *sim, maxD, from, last time.Duration, desc []string) {
+func faultRun(t *testing.T, dc delayClass, cfg Config, seed int, trace bool) (s *sim, maxD, from, last time.Duration, desc []string) {
 	t.Helper()
 	n := faultSizes[seed%len(faultSizes)]
-	s = newSim(t, n, Config{}, uint64(seed)*7919+uint64(len(dc.name)))
+	s = newSim(t, n, cfg, uint64(seed)*7919+uint64(len(dc.name)))
 	maxD = dc.maxDelay(s.cfg.Period)
 	s.setAllLinks(func(l *simLink) {
 		l.delay = 20*time.Microsecond + time.Duration(s.rng.Int64N(int64(maxD/2)))
@@ -185,62 +185,76 @@ func faultRun(t *testing.T, dc delayClass, seed int, trace bool) (s *sim, maxD, 
 //     happens with delays up to 3 periods);
 //   - liveness: after the last fault ends, every bucket has exactly one
 //     owner among the up nodes within T*P + 2P (+ the delays themselves).
+//
+// Each class runs at the default timing, and a third of its runs again at
+// a 32-node cluster's (ScaledTiming: twice the period, half the periods)
+// with its hold in the settings' period (Config.HoldPeriod), half the
+// period in use: the dropped node must still learn in time.
 func TestSimRandomFaults(t *testing.T) {
+	sp, st := ScaledTiming(DefaultPeriod, DefaultTolerance, 32)
+	timings := []struct {
+		name string
+		cfg  Config
+		part int // runs are the class's divided by part
+	}{{"", Config{}, 1}, {"/scaled", Config{Period: sp, Tolerance: st, HoldPeriod: DefaultPeriod}, 3}}
 	for _, dc := range delayClasses {
-		t.Run(dc.name, func(t *testing.T) {
-			runs := dc.runs
-			if *simRuns > 0 {
-				runs = *simRuns
-			} else if testing.Short() {
-				runs /= 5
-			}
-			var bad, badViol, lostViol, lateViol int
-			var covered []time.Duration
-			for seed := range runs {
-				s, maxD, from, last, desc := faultRun(t, dc, seed, false)
-				n := len(s.nodes)
-				last = max(last, from)
-				s.run(last)
-				p := s.cfg.Period
-				bound := time.Duration(s.cfg.Tolerance)*p + 2*p + 2*maxD
-				d, ok := s.waitCoverage(last + bound + 20*p)
-				if !ok || d-last > bound {
-					bad++
-					_, why := s.coverage()
-					t.Errorf("seed %d n=%d: every bucket owned once only %v after the last fault (ok=%v), bound %v: %s\n%v", seed, n, d-last, ok, bound, why, desc)
-				} else {
-					covered = append(covered, d-last)
+		for _, tm := range timings {
+			t.Run(dc.name+tm.name, func(t *testing.T) {
+				runs := dc.runs / tm.part
+				if *simRuns > 0 {
+					runs = *simRuns
+				} else if testing.Short() {
+					runs /= 5
 				}
-				s.run(d + 2*time.Second)
-				if ok, why := s.coverage(); !ok {
-					t.Errorf("seed %d n=%d: coverage lost again with no fault: %s", seed, n, why)
-				}
-				var unexplained, delayed []violation
-				for _, v := range s.viol {
-					switch v.why {
-					case causeUnexplained:
-						unexplained = append(unexplained, v)
-					case causeDelayed:
-						delayed = append(delayed, v)
+				var bad, badViol, lostViol, lateViol int
+				var covered []time.Duration
+				for seed := range runs {
+					s, maxD, from, last, desc := faultRun(t, dc, tm.cfg, seed, false)
+					n := len(s.nodes)
+					last = max(last, from)
+					s.run(last)
+					p := s.cfg.Period
+					bound := time.Duration(s.cfg.Tolerance)*p + 2*p + 2*maxD
+					d, ok := s.waitCoverage(last + bound + 20*p)
+					if !ok || d-last > bound {
+						bad++
+						_, why := s.coverage()
+						t.Errorf("seed %d n=%d: every bucket owned once only %v after the last fault (ok=%v), bound %v: %s\n%v", seed, n, d-last, ok, bound, why, desc)
+					} else {
+						covered = append(covered, d-last)
+					}
+					s.run(d + 2*time.Second)
+					if ok, why := s.coverage(); !ok {
+						t.Errorf("seed %d n=%d: coverage lost again with no fault: %s", seed, n, why)
+					}
+					var unexplained, delayed []violation
+					for _, v := range s.viol {
+						switch v.why {
+						case causeUnexplained:
+							unexplained = append(unexplained, v)
+						case causeDelayed:
+							delayed = append(delayed, v)
+						}
+					}
+					switch {
+					case len(unexplained) > 0:
+						badViol++
+						t.Errorf("seed %d n=%d: %d instants of two nodes accepting one bucket, first %+v\n%v", seed, n, len(unexplained), unexplained[0], desc)
+					case len(delayed) > 0:
+						lateViol++
+						if dc.safe {
+							t.Errorf("seed %d n=%d: %d instants of two nodes accepting one bucket with the news in flight, first %+v\n%v", seed, n, len(delayed), delayed[0], desc)
+						}
+					case len(s.viol) > 0:
+						lostViol++
 					}
 				}
-				switch {
-				case len(unexplained) > 0:
-					badViol++
-					t.Errorf("seed %d n=%d: %d instants of two nodes accepting one bucket, first %+v\n%v", seed, n, len(unexplained), unexplained[0], desc)
-				case len(delayed) > 0:
-					lateViol++
-					if dc.safe {
-						t.Errorf("seed %d n=%d: %d instants of two nodes accepting one bucket with the news in flight, first %+v\n%v", seed, n, len(delayed), delayed[0], desc)
-					}
-				case len(s.viol) > 0:
-					lostViol++
-				}
-			}
-			cs := sortedDurations(covered)
-			t.Logf("%s: %d runs (n in %v), one-way delay < %v: runs with two nodes accepting one bucket: %d unexplained, %d because a heartbeat announcing the change was delayed, %d because every one was lost; %d runs not covered in time; after the last fault, coverage p50 %v p99 %v max %v",
-				dc.name, runs, faultSizes, dc.maxDelay(DefaultPeriod), badViol, lateViol, lostViol, bad, percentile(cs, .5), percentile(cs, .99), percentile(cs, 1))
-		})
+				cs := sortedDurations(covered)
+				c := tm.cfg.WithDefaults()
+				t.Logf("%s%s: %d runs (n in %v, P=%v T=%d hold period %v), one-way delay < %v: runs with two nodes accepting one bucket: %d unexplained, %d because a heartbeat announcing the change was delayed, %d because every one was lost; %d runs not covered in time; after the last fault, coverage p50 %v p99 %v max %v",
+					dc.name, tm.name, runs, faultSizes, c.Period, c.Tolerance, c.HoldPeriod, dc.maxDelay(c.Period), badViol, lateViol, lostViol, bad, percentile(cs, .5), percentile(cs, .99), percentile(cs, 1))
+			})
+		}
 	}
 }
 

@@ -48,7 +48,7 @@ func TestSimTimingChange(t *testing.T) {
 					s.at(from+time.Duration(s.rng.Int64N(int64(5*time.Millisecond))), func() {
 						nd := s.nodes[i]
 						nd.m.SetLocal(s.now, Local{Admin: Started, Healthy: true, RulesIndex: 8, Seed: s.fcfg.Seed})
-						if err := nd.m.SetTiming(s.now, c.period, c.tolerance, 8); err != nil {
+						if err := nd.m.SetTiming(s.now, c.period, c.tolerance, 0, 8); err != nil {
 							t.Fatal(err)
 						}
 						s.after(i)

@@ -1,6 +1,7 @@
 package heartbeat
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -13,8 +14,9 @@ import (
 type pendingTiming struct {
 	period    time.Duration
 	tolerance int
-	index     uint64    // the rules index that carries it
-	since     time.Time // when it was first given
+	hold      time.Duration // HoldPeriod
+	index     uint64        // the rules index that carries it
+	since     time.Time     // when it was first given
 }
 
 // timingChange is the last switch of timing: until until, the old timing's
@@ -23,10 +25,12 @@ type timingChange struct {
 	until     time.Time
 	period    time.Duration
 	tolerance int
+	hold      time.Duration // HoldPeriod
 }
 
-// SetTiming gives the heartbeat period and tolerance that the replicated
-// settings carry from rules index index on. They take effect at a safe
+// SetTiming gives the heartbeat period, tolerance and hold period (see
+// Config; 0 means the period) that the replicated settings carry from rules
+// index index on. They take effect at a safe
 // point, so that the nodes switch at about the same instant and none judges
 // a peer by a timing that peer does not use yet: once this node is
 // converged on a view of rules index index or later (every member of the
@@ -41,20 +45,22 @@ type timingChange struct {
 // the two leases (see LeaseLength). Giving the timing in
 // use, or the one already waiting, again changes nothing; a timing that
 // cannot work is refused with an error and changes nothing either.
-func (m *Machine[S]) SetTiming(now time.Time, period time.Duration, tolerance int, index uint64) error {
+func (m *Machine[S]) SetTiming(now time.Time, period time.Duration, tolerance int, hold time.Duration, index uint64) error {
+	hold = cmp.Or(hold, period)
 	c := m.cfg
-	c.Period, c.Tolerance = period, tolerance
+	c.Period, c.Tolerance, c.HoldPeriod = period, tolerance, hold
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("heartbeat timing: %w", err)
 	}
+	t := pendingTiming{period: period, tolerance: tolerance, hold: hold, index: index, since: now}
 	switch {
-	case m.hasTiming && m.timing.period == period && m.timing.tolerance == tolerance:
+	case m.hasTiming && m.timing.period == period && m.timing.tolerance == tolerance && m.timing.hold == hold:
 		return nil
-	case period == m.cfg.Period && tolerance == m.cfg.Tolerance:
+	case period == m.cfg.Period && tolerance == m.cfg.Tolerance && hold == m.cfg.HoldPeriod:
 		m.hasTiming = false // back to the timing in use before the switch
 		return nil
 	}
-	m.timing, m.hasTiming = pendingTiming{period: period, tolerance: tolerance, index: index, since: now}, true
+	m.timing, m.hasTiming = t, true
 	m.recompute(now)
 	return nil
 }
@@ -67,8 +73,8 @@ func (m *Machine[S]) switchTiming(now time.Time) {
 		return
 	}
 	old := m.cfg
-	m.change = timingChange{until: now.Add(m.period(old.Tolerance)), period: old.Period, tolerance: old.Tolerance}
-	m.cfg.Period, m.cfg.Tolerance, m.hasTiming = t.period, t.tolerance, false
+	m.change = timingChange{until: now.Add(m.period(old.Tolerance)), period: old.Period, tolerance: old.Tolerance, hold: old.HoldPeriod}
+	m.cfg.Period, m.cfg.Tolerance, m.cfg.HoldPeriod, m.hasTiming = t.period, t.tolerance, t.hold, false
 	// The send budget and schedule were in the old periods: start afresh,
 	// and send now.
 	m.tat = time.Time{}
@@ -101,6 +107,17 @@ func (m *Machine[S]) deathWindow(now time.Time) time.Duration {
 		w = max(w, time.Duration(m.change.tolerance)*m.change.period)
 	}
 	return w
+}
+
+// deathHoldLength is the hold after a drop (see deathHold and holdFor):
+// deathHold hold periods, or during a change the longer of the old and new
+// holds, since the dropped node may still be on the old timing.
+func (m *Machine[S]) deathHoldLength(now time.Time) time.Duration {
+	h := deathHold * m.cfg.HoldPeriod
+	if m.inChange(now) {
+		h = max(h, deathHold*m.change.hold)
+	}
+	return h
 }
 
 // LeaseLength is how long the data plane may keep taking new connections

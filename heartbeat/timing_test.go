@@ -23,7 +23,7 @@ func TestSetTiming(t *testing.T) {
 		run func(h *harness, now time.Time) (by time.Time)
 	}{
 		{"switches once converged on the settings' rules", func(h *harness, now time.Time) time.Time {
-			h.m.SetTiming(now, newP, newT, 6)
+			h.m.SetTiming(now, newP, newT, 0, 6)
 			h.local.RulesIndex = 6
 			h.m.SetLocal(now, h.local) // a new view: not converged
 			h.step(now.Add(time.Millisecond))
@@ -34,11 +34,11 @@ func TestSetTiming(t *testing.T) {
 			return now.Add(2 * time.Millisecond)
 		}},
 		{"switches at once when already converged on them", func(h *harness, now time.Time) time.Time {
-			h.m.SetTiming(now, newP, newT, 5)
+			h.m.SetTiming(now, newP, newT, 0, 5)
 			return now
 		}},
 		{"switches after T periods without agreement", func(h *harness, now time.Time) time.Time {
-			h.m.SetTiming(now, newP, newT, 6)
+			h.m.SetTiming(now, newP, newT, 0, 6)
 			h.local.RulesIndex = 6
 			h.m.SetLocal(now, h.local)
 			// Peer 2 stays at index 5: no view of index 6 converges.
@@ -105,7 +105,7 @@ func TestTimingChangeTransition(t *testing.T) {
 			h := newHarness(t, 1, 2)
 			now := converge2(h).Add(tP / 2)
 			h.step(now)
-			if err := h.m.SetTiming(now, c.period, c.tolerance, 5); err != nil {
+			if err := h.m.SetTiming(now, c.period, c.tolerance, 0, 5); err != nil {
 				t.Fatal(err)
 			}
 			h.step(now)
@@ -148,20 +148,20 @@ func TestSetTimingNoChange(t *testing.T) {
 		p   time.Duration
 		tol int
 	}{{0, 6}, {time.Microsecond, 6}, {tP, 1}, {tP, 0}} {
-		if err := h.m.SetTiming(now, bad.p, bad.tol, 5); err == nil {
+		if err := h.m.SetTiming(now, bad.p, bad.tol, 0, 5); err == nil {
 			t.Errorf("SetTiming(%v, %d): no error", bad.p, bad.tol)
 		}
 	}
 	v := h.m.Version()
-	if err := h.m.SetTiming(now, tP, 6, 9); err != nil || h.m.Version() != v || h.m.hasTiming {
+	if err := h.m.SetTiming(now, tP, 6, 0, 9); err != nil || h.m.Version() != v || h.m.hasTiming {
 		t.Errorf("the timing in use again: err %v, version %d -> %d, waiting %v; want nothing changed", err, v, h.m.Version(), h.m.hasTiming)
 	}
-	h.m.SetTiming(now, 2*tP, 6, 9) // waits for index 9
-	h.m.SetTiming(now.Add(5*tP), 2*tP, 6, 10)
+	h.m.SetTiming(now, 2*tP, 6, 0, 9) // waits for index 9
+	h.m.SetTiming(now.Add(5*tP), 2*tP, 6, 0, 10)
 	if h.m.timing.index != 9 || !h.m.timing.since.Equal(now) {
 		t.Errorf("the waiting timing again moved its index or deadline: %+v", h.m.timing)
 	}
-	h.m.SetTiming(now.Add(5*tP), tP, 6, 10)
+	h.m.SetTiming(now.Add(5*tP), tP, 6, 0, 10)
 	h.m.Tick(now.Add(20 * tP))
 	if c := h.m.Config(); c.Period != tP || h.m.hasTiming {
 		t.Errorf("after the timing in use was given back: period %v, waiting %v; want %v and none", c.Period, h.m.hasTiming, tP)

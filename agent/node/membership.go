@@ -177,10 +177,10 @@ func (m *membership) newMachine(now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("heartbeat incarnation: %w", err)
 	}
-	period, tolerance := timingOf(st)
+	period, tolerance, hold := timingOf(st)
 	mc, err := heartbeat.NewMachine(heartbeat.Config{
 		ClusterID: st.Settings.ClusterID, Self: uint32(m.self), Incarnation: inc,
-		Period: period, Tolerance: tolerance,
+		Period: period, Tolerance: tolerance, HoldPeriod: hold,
 	}.WithDefaults(), now, m.owned, lazyIntersect)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -240,8 +240,8 @@ func (m *membership) applyRules(now time.Time, st *rules.State) {
 	m.machine.SetPeers(now, peers)
 	// New heartbeat settings take effect at the machine's safe point, when
 	// the cluster has converged on rules that carry them (SetTiming).
-	period, tolerance := timingOf(st)
-	if err := m.machine.SetTiming(now, period, tolerance, st.Index); err != nil {
+	period, tolerance, hold := timingOf(st)
+	if err := m.machine.SetTiming(now, period, tolerance, hold, st.Index); err != nil {
 		m.log.Error("heartbeat settings not applied; keeping the timing in use", "err", err, "period", m.timing.Period, "tolerance", m.timing.Tolerance)
 	}
 	// Keep only the rules a view can still refer to.
@@ -254,10 +254,14 @@ func (m *membership) applyRules(now time.Time, st *rules.State) {
 
 // timingOf is the heartbeat timing the rules give: the settings' period
 // and tolerance, scaled to the size of the registry (heartbeat.ScaledTiming:
-// a period per 16 nodes, the same silence before a death).
-func timingOf(st *rules.State) (time.Duration, int) {
+// a period per 16 nodes, the same silence before a death), and the
+// settings' own period, which the hold after a drop counts in
+// (heartbeat.Config.HoldPeriod).
+func timingOf(st *rules.State) (period time.Duration, tolerance int, hold time.Duration) {
 	s := st.Settings
-	return heartbeat.ScaledTiming(cmp.Or(s.HeartbeatPeriod, heartbeat.DefaultPeriod), cmp.Or(s.HeartbeatTolerance, heartbeat.DefaultTolerance), len(st.Nodes))
+	hold = cmp.Or(s.HeartbeatPeriod, heartbeat.DefaultPeriod)
+	period, tolerance = heartbeat.ScaledTiming(hold, cmp.Or(s.HeartbeatTolerance, heartbeat.DefaultTolerance), len(st.Nodes))
+	return period, tolerance, hold
 }
 
 // replicatedAdmin is this node's admin state in the rules.
