@@ -11,3 +11,8 @@ import (
 func readQueued(net.PacketConn, []byte) (int, netip.AddrPort, bool) {
 	return 0, netip.AddrPort{}, false
 }
+
+// readWait: elsewhere Receive uses ReadFrom.
+func readWait(net.PacketConn, []byte) (int, netip.AddrPort, bool, error) {
+	return 0, netip.AddrPort{}, false, nil
+}

@@ -179,7 +179,14 @@ func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
 	}
 	for {
 		conn := t.socket()
-		n, addr, err := conn.ReadFrom(t.rbuf)
+		n, from, handled, err := readWait(conn, t.rbuf)
+		if !handled {
+			var addr net.Addr
+			n, addr, err = conn.ReadFrom(t.rbuf)
+			if ua, ok := addr.(*net.UDPAddr); ok {
+				from = ua.AddrPort()
+			}
+		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
 				return nil, netip.AddrPort{}, fmt.Errorf("read heartbeat: %w", err)
@@ -193,11 +200,7 @@ func (t *Transport) Receive() (*Message, netip.AddrPort, error) {
 		if !ok {
 			continue
 		}
-		var from netip.AddrPort
-		if ua, ok := addr.(*net.UDPAddr); ok {
-			from = ua.AddrPort()
-		}
-		return msg, from, nil
+		return msg, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), nil
 	}
 }
 

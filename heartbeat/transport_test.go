@@ -429,3 +429,40 @@ func TestTransportSendsToEveryPeerIPv6(t *testing.T) {
 		t.Errorf("sent %d, errors %d; want %d and 1", st.Sent, st.SendErrors, len(rx))
 	}
 }
+
+// TestTransportReceiveFrom: Receive and ReceiveQueued give the sender's
+// address and port, IPv4 and IPv6 (the machine accepts a heartbeat only
+// from its sender's registered address).
+func TestTransportReceiveFrom(t *testing.T) {
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		tr, err := Listen(net.JoinHostPort(host, "0"), 7, simRing)
+		if err != nil {
+			t.Logf("%s: %v (skipped)", host, err)
+			continue
+		}
+		c, err := net.Dial("udp", tr.LocalAddr().String())
+		if err != nil {
+			tr.Close()
+			t.Fatal(err)
+		}
+		want := netip.MustParseAddrPort(c.LocalAddr().String())
+		for seq := uint64(1); seq <= 2; seq++ {
+			b, _ := Encode(&Message{ClusterID: 7, Node: 9, Incarnation: 1, Seq: seq}, simRing)
+			if _, err := c.Write(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tr.SetReceiveDeadline(time.Now().Add(5 * time.Second))
+		_, from, err := tr.Receive()
+		if err != nil || from != want {
+			t.Errorf("%s: Receive from %v (%v), want %v", host, from, err, want)
+		}
+		if runtime.GOOS == "linux" {
+			if _, qfrom, ok := tr.ReceiveQueued(); !ok || qfrom != want {
+				t.Errorf("%s: ReceiveQueued from %v (%v), want %v", host, qfrom, ok, want)
+			}
+		}
+		c.Close()
+		tr.Close()
+	}
+}
