@@ -736,3 +736,36 @@ func TestWidenCompactAcks(t *testing.T) {
 		}
 	}
 }
+
+// TestNeverHeardSuspectedOnlyWhenItMatters: a registered peer never heard
+// is a suspect (to probe) while this node settles, and again once no peer
+// hears it; not while it is settled among peers that hear it (every
+// settled member probed a node joining a big cluster at once).
+func TestNeverHeardSuspectedOnlyWhenItMatters(t *testing.T) {
+	h := newHarness(t, 1, 2, 3)
+	has3 := func() bool { return slices.Contains(h.m.Suspects(), 3) }
+	now := at(0)
+	for i := 0; i < 10; i++ {
+		now = at(float64(i))
+		h.recv(now, h.hb(2, 1, 2))
+		h.step(now.Add(time.Millisecond))
+		if i == 4 && (!has3() || h.m.Status().Settled) {
+			t.Fatalf("settling, node 3 silent for 4 periods: suspect %v settled %v; want a suspect, not settled", has3(), h.m.Status().Settled)
+		}
+	}
+	if st := h.m.Status(); !st.Settled || !st.Converged || has3() {
+		t.Fatalf("settled with node 2: settled %v converged %v, node 3 a suspect %v; want settled, converged, no suspect", st.Settled, st.Converged, has3())
+	}
+	// Node 2 stops hearing this node: nobody does, and node 3 matters
+	// again (this node may be the deaf one).
+	for i := 10; i < 14; i++ {
+		now = at(float64(i))
+		msg := h.hb(2, 2)
+		msg.Acks = slices.DeleteFunc(msg.Acks, func(a Ack) bool { return a.Node == 1 })
+		h.recv(now, msg)
+		h.step(now.Add(time.Millisecond))
+	}
+	if !has3() {
+		t.Errorf("no peer hears this node: node 3 not a suspect (suspects %v)", h.m.Suspects())
+	}
+}
