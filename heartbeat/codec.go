@@ -224,9 +224,8 @@ func AppendEncode(dst []byte, msg *Message, kr *Keyring) ([]byte, error) {
 	b = binary.BigEndian.AppendUint64(b, msg.Counters.Accepted)
 	b = binary.BigEndian.AppendUint64(b, msg.Counters.Dropped)
 	b = binary.BigEndian.AppendUint64(b, msg.Counters.Connections)
-	mac := hmac.New(sha256.New, key)
-	mac.Write(b[start:])
-	return mac.Sum(b), nil
+	out, _ := kr.sign(b, b[start:], kr.Primary())
+	return out, nil
 }
 
 func acksValid(acks []Ack) bool {
@@ -292,9 +291,8 @@ func Decode(b []byte, kr *Keyring, clusterID uint32) (*Message, error) {
 		return nil, fmt.Errorf("%w: cluster id %d", ErrForeignCluster, c)
 	}
 	body, tag := b[:len(b)-macSize], b[len(b)-macSize:]
-	mac := hmac.New(sha256.New, key)
-	mac.Write(body)
-	if !hmac.Equal(mac.Sum(nil), tag) {
+	var sum [sha256.Size]byte
+	if got, _ := kr.sign(sum[:0], body, keyID); !hmac.Equal(got, tag) {
 		return nil, ErrBadMAC
 	}
 	r := reader{b: body, off: 1} // the version byte is checked above

@@ -2,11 +2,14 @@ package heartbeat
 
 import (
 	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"slices"
+	"sync"
 )
 
 // subkeyInfo names the heartbeat subkey in HKDF, so that a key derived for
@@ -31,6 +34,9 @@ func KeyID(key []byte) uint32 {
 type ringKey struct {
 	id     uint32
 	subkey []byte // HKDF(cluster key, "shoal heartbeat v2")
+	// macs keeps HMACs under subkey for reuse: a new one costs two more
+	// SHA-256 blocks and its allocations, per heartbeat sent or read.
+	macs *sync.Pool
 }
 
 // Keyring is the set of cluster keys heartbeats are accepted under, and the
@@ -72,7 +78,8 @@ func (k *Keyring) Add(key []byte) (*Keyring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("derive heartbeat key: %w", err)
 	}
-	out := &Keyring{keys: append(slices.Clone(k.keys), ringKey{id: id, subkey: sub}), primary: k.primary}
+	macs := &sync.Pool{New: func() any { return hmac.New(sha256.New, sub) }}
+	out := &Keyring{keys: append(slices.Clone(k.keys), ringKey{id: id, subkey: sub, macs: macs}), primary: k.primary}
 	if len(k.keys) == 0 {
 		out.primary = id
 	}
@@ -126,6 +133,21 @@ func (k *Keyring) index(id uint32) int {
 }
 
 func (k *Keyring) has(id uint32) bool { return k.index(id) >= 0 }
+
+// sign appends to dst the HMAC of b under the heartbeat subkey of id; ok
+// is false when the keyring has no key id.
+func (k *Keyring) sign(dst, b []byte, id uint32) (out []byte, ok bool) {
+	i := k.index(id)
+	if i < 0 {
+		return dst, false
+	}
+	mac := k.keys[i].macs.Get().(hash.Hash)
+	mac.Reset()
+	mac.Write(b)
+	out = mac.Sum(dst)
+	k.keys[i].macs.Put(mac)
+	return out, true
+}
 
 // subkey returns the heartbeat subkey of id, or nil.
 func (k *Keyring) subkey(id uint32) []byte {
