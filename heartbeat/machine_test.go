@@ -744,9 +744,8 @@ func TestWidenCompactAcks(t *testing.T) {
 func TestNeverHeardSuspectedOnlyWhenItMatters(t *testing.T) {
 	h := newHarness(t, 1, 2, 3)
 	has3 := func() bool { return slices.Contains(h.m.Suspects(), 3) }
-	now := at(0)
 	for i := 0; i < 10; i++ {
-		now = at(float64(i))
+		now := at(float64(i))
 		h.recv(now, h.hb(2, 1, 2))
 		h.step(now.Add(time.Millisecond))
 		if i == 4 && (!has3() || h.m.Status().Settled) {
@@ -759,7 +758,7 @@ func TestNeverHeardSuspectedOnlyWhenItMatters(t *testing.T) {
 	// Node 2 stops hearing this node: nobody does, and node 3 matters
 	// again (this node may be the deaf one).
 	for i := 10; i < 14; i++ {
-		now = at(float64(i))
+		now := at(float64(i))
 		msg := h.hb(2, 2)
 		msg.Acks = slices.DeleteFunc(msg.Acks, func(a Ack) bool { return a.Node == 1 })
 		h.recv(now, msg)
