@@ -29,9 +29,9 @@ type timingChange struct {
 }
 
 // SetTiming gives the heartbeat period, tolerance and hold period (see
-// Config; 0 means the period) that the replicated settings carry from rules
-// index index on. They take effect at a safe
-// point, so that the nodes switch at about the same instant and none judges
+// Config; 0 means the period) that the replicated settings carry from
+// rules index index on. They take effect at a safe point, so that the
+// nodes switch at about the same instant and none judges
 // a peer by a timing that peer does not use yet: once this node is
 // converged on a view of rules index index or later (every member of the
 // view has applied those rules, so each of them switches within about a
@@ -41,8 +41,9 @@ type timingChange struct {
 // renews its data-plane lease with the new length. For the old death window
 // after the switch, while peers may still be on the old timing, the node
 // sends at the shorter of the two periods, declares a peer dead only after
-// the longer of the two windows, and gives the data plane the shorter of
-// the two leases (see LeaseLength). Giving the timing in
+// the longer of the two windows, holds a drop for the longer of the two
+// holds, and gives the data plane the shorter of the two leases (see
+// LeaseLength). Giving the timing in
 // use, or the one already waiting, again changes nothing; a timing that
 // cannot work is refused with an error and changes nothing either.
 func (m *Machine[S]) SetTiming(now time.Time, period time.Duration, tolerance int, hold time.Duration, index uint64) error {
