@@ -57,7 +57,11 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables, assi
 	}
 	owners := assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
 	if !s.hb.View.Equal(f.view) || f.cfg != s.fcfg {
-		f.prevOwners, f.prevCfg = f.owners, f.cfg
+		// A view that moves no bucket (another rules index: a request
+		// retried, a node's info) keeps the owners before the last move.
+		if !sameOwners(owners, f.owners) {
+			f.prevOwners, f.prevCfg = f.owners, f.cfg
+		}
 		f.owners, f.cfg, f.view = owners, s.fcfg, s.hb.View
 	}
 	var samePrev func(filter.RuleID) bool
@@ -134,6 +138,21 @@ func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables, assi
 		}
 		t.Forward[id] = fw
 	}
+}
+
+// sameOwners reports whether a and b give every bucket of every rule the
+// same owner, with the same meaning.
+func sameOwners(a, b *filter.Owners) bool {
+	if a == nil || b == nil || len(a.Rules) != len(b.Rules) {
+		return a == b
+	}
+	for id, own := range a.Rules {
+		o := b.Rules[id]
+		if o == nil || o != own && *o != *own || !a.Maps[id].Equal(b.Maps[id]) {
+			return false
+		}
+	}
+	return true
 }
 
 // resolveEvery is how often tables are completed again while a live peer's

@@ -1,12 +1,14 @@
 package node
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/shoalnet/shoal/filter"
+	"github.com/shoalnet/shoal/heartbeat"
 	"github.com/shoalnet/shoal/rules"
 )
 
@@ -84,3 +86,71 @@ func TestRoutedForwardTargets(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// TestForwardRemembersTheLastOwnersThroughViewsThatMoveNothing completes
+// the routed tables of node 3 as it joins two others: the buckets it is
+// given go to their previous owners meanwhile (the second chance). A view
+// that moves no bucket (a write that changes no owner, such as a request
+// retried, is a rules index of its own) must not make those previous
+// owners forgotten: node 3 would drop the packets of connections its
+// peers still hold.
+func TestForwardRemembersTheLastOwnersThroughViewsThatMoveNothing(t *testing.T) {
+	st := &rules.State{
+		Index:    1,
+		Settings: rules.Settings{ClusterID: 7, HashSeed: 1, MACMode: rules.MACRouted},
+		VIPs:     []netip.Addr{netip.MustParseAddr("198.18.7.100")},
+		Rules: []filter.Rule{{ID: 1, VIP: netip.MustParseAddr("198.18.7.100"), PortLo: 80, PortHi: 80,
+			Proto: filter.ProtoTCP, Mode: filter.ModeMultiple, Affinity: filter.AffinityNone}},
+	}
+	for i := 1; i <= 3; i++ {
+		st.Nodes = append(st.Nodes, rules.Node{ID: filter.NodeID(i), Admin: rules.AdminStarted, NodeInfo: rules.NodeInfo{
+			Name: fmt.Sprintf("n%d", i), HostPriority: i, HeartbeatAddr: fmt.Sprintf("127.0.0.%d:7946", i)}})
+	}
+	f := &forwarder{host: &Forwarding{
+		MTU: func() int { return 1500 },
+		NextHops: func(addrs []netip.Addr) map[netip.Addr]net.HardwareAddr {
+			out := map[netip.Addr]net.HardwareAddr{}
+			for _, a := range addrs {
+				out[a] = testMAC(int(a.As4()[3]))
+			}
+			return out
+		},
+	}}
+	var assign filter.Assigner
+	snap := func(index uint64, eligible ...uint32) *Snap {
+		rs := st.Clone()
+		rs.Index = index
+		s := &Snap{rs: rs, fcfg: rs.FilterConfig()}
+		s.hb.View = heartbeat.View{Eligible: eligible, RulesIndex: index, Seed: 1}
+		for _, id := range []uint32{1, 2} {
+			s.hb.Peers = append(s.hb.Peers, heartbeat.PeerStatus{ID: id, Live: true})
+		}
+		return s
+	}
+	complete := func(s *Snap) *filter.Tables {
+		tb := &filter.Tables{Config: s.fcfg, Routed: true}
+		f.complete(s, 3, tb, &assign)
+		return tb
+	}
+	complete(snap(1, 1, 2))
+	joined := complete(snap(2, 1, 2, 3))
+	again := complete(snap(3, 1, 2, 3))
+	before := assign.Assign(snap(1, 1, 2).fcfg, []filter.NodeID{1, 2})
+	mine, kept := 0, 0
+	for b, o := range assign.Assign(snap(3, 1, 2, 3).fcfg, []filter.NodeID{1, 2, 3}).Rules[1] {
+		if o != 3 {
+			continue
+		}
+		mine++
+		want := netip.AddrFrom4([4]byte{127, 0, 0, byte(before.Rules[1][b])})
+		if got := joined.ForwardTarget(1, uint16(b)); got != want {
+			t.Fatalf("bucket %d after the join: forwarded to %v, want its previous owner %v", b, got, want)
+		}
+		if again.ForwardTarget(1, uint16(b)) == want {
+			kept++
+		}
+	}
+	if mine == 0 || kept != mine {
+		t.Errorf("after a view that moved nothing, %d of node 3's %d buckets still go to their previous owner", kept, mine)
+	}
+}

@@ -154,7 +154,16 @@ func TestRemappingRuleChangesKeepEveryFlowTaken(t *testing.T) {
 			s := tn.n.mem.snap.Load()
 			k := tn.dp.kernel.Load()
 			if s == nil || len(s.hb.View.Eligible) != 3 || !s.hb.Converged || k == nil || k.Prev != nil ||
-				s.rs.Index != c.rules.State().Index {
+				s.rs.Index != c.rules.State().Index || tn.n.rec.pub.Load().tablesIndex != s.rs.Index {
+				return false
+			}
+			// And the check has seen those tables (its watch runs after
+			// the kernel's swap): judging by tables gone showed doubles
+			// that were not there.
+			fc.mu.Lock()
+			seen := fc.tables[tn.id] == k
+			fc.mu.Unlock()
+			if !seen {
 				return false
 			}
 			for _, h := range k.HandTo {
@@ -170,18 +179,25 @@ func TestRemappingRuleChangesKeepEveryFlowTaken(t *testing.T) {
 	fc.arm()
 	prevs := 0
 	for _, change := range []struct {
-		what string
-		do   func(st *rules.State)
+		what    string
+		do      func(st *rules.State)
+		neutral bool // another rules index that maps every flow alike follows at once
 	}{
-		{"rule 1 widened to ports 80-81", func(st *rules.State) { st.Rules[0].PortHi = 81 }},
-		{"hash seed changed", func(st *rules.State) { st.Settings.HashSeed = 99 }},
-		{"rule 1 removed", func(st *rules.State) { st.Rules = nil }},
+		{"rule 1 widened to ports 80-81", func(st *rules.State) { st.Rules[0].PortHi = 81 }, false},
+		{"hash seed changed", func(st *rules.State) { st.Settings.HashSeed = 99 }, false},
+		// A write that maps every flow alike (here a request retried,
+		// which moves only the index) while the change's prev is in force.
+		{"hash seed changed again, then a write that remaps nothing", func(st *rules.State) { st.Settings.HashSeed = 7 }, true},
+		{"rule 1 removed", func(st *rules.State) { st.Rules = nil }, false},
 	} {
 		c.rules.set(change.do)
 		c.await(change.what+" applied everywhere with a prev", 10*time.Second, func() bool {
 			k := c.nodes[0].dp.kernel.Load()
 			return k != nil && k.Prev != nil
 		})
+		if change.neutral {
+			c.rules.set(func(*rules.State) {})
+		}
 		prevs++
 		c.await(change.what+" settled", 10*time.Second, settled)
 	}
