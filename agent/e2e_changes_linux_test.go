@@ -105,11 +105,12 @@ func underLoad(t *testing.T, l *lab.Lab, change func(h *holder) []*heldConn) {
 		err error
 	}
 	started := make(chan struct{})
+	var startedAt time.Time
 	done := make(chan out, 1)
 	go func() {
 		r, err := l.Load(context.Background(), lab.LoadArgs{
 			Duration: 4 * time.Second, Concurrency: 4, Timeout: 2 * time.Second,
-			OnStart: func() { close(started) },
+			OnStart: func() { startedAt = time.Now(); close(started) },
 		}, nil)
 		done <- out{r, err}
 	}()
@@ -119,7 +120,9 @@ func underLoad(t *testing.T, l *lab.Lab, change func(h *holder) []*heldConn) {
 		t.Fatalf("the load ended before it started: %v", o.err)
 	}
 	time.Sleep(500 * time.Millisecond) // traffic before the change
+	changeFrom := time.Since(startedAt)
 	closed := change(h)
+	changeTo := time.Since(startedAt)
 	o := <-done
 	h.close()
 	h.mu.Lock()
@@ -138,7 +141,8 @@ func underLoad(t *testing.T, l *lab.Lab, change func(h *holder) []*heldConn) {
 		t.Errorf("%d of %d new-connection requests failed: %v %v", r.Failures, r.Requests, r.Errors, r.FailureList)
 	}
 	if r.Delayed != 0 {
-		t.Errorf("%d of %d new-connection requests waited for a SYN retransmission: a SYN fell where no node took it", r.Delayed, r.Requests)
+		t.Errorf("%d of %d new-connection requests waited for a SYN retransmission: a SYN fell where no node took it (the change ran %.0f-%.0f ms into the load): %+v",
+			r.Delayed, r.Requests, changeFrom.Seconds()*1000, changeTo.Seconds()*1000, r.DelayedList)
 	}
 }
 

@@ -156,6 +156,9 @@ func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 				if p.Role == "agent" {
 					b, _ := os.ReadFile(p.Log)
 					t.Logf("%s agent log (tail):\n%s", p.Host, tailString(string(b), 3000))
+					if dir := os.Getenv("SHOAL_TEST_LOGS"); dir != "" {
+						keepLog(t, dir, p.Host, b)
+					}
 				}
 			}
 		}
@@ -164,6 +167,19 @@ func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 		}
 	})
 	return l
+}
+
+// keepLog copies a failed test's agent log into dir (SHOAL_TEST_LOGS; with
+// SHOAL_LOG_LEVEL=debug the agents log each step of a handoff).
+func keepLog(t *testing.T, dir, host string, b []byte) {
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "-" + host + ".log"
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, name), b, 0o644)
+	}
+	if err != nil {
+		t.Logf("keep %s's log: %v", host, err)
+	}
 }
 
 func tailString(s string, n int) string {
