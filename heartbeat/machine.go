@@ -694,7 +694,8 @@ func (m *Machine[S]) Wake() time.Time {
 // suspicion, the end of a lag grace, of settling, of a restart window, of
 // a probe's validity, of a hold, of a newcomer's first periods or of a
 // peer's silence counted by the others; without any, a time later than
-// every one.
+// every one. A death or an end of a window that only tick acts on is
+// returned even when passed, until a tick has acted on it.
 func (m *Machine[S]) deadline() time.Time {
 	w := time.Unix(1<<62, 0)
 	half := m.period(max(m.cfg.Tolerance/2, 1)) // silentEverywhere's
@@ -704,9 +705,19 @@ func (m *Machine[S]) deadline() time.Time {
 			w = t
 		}
 	}
+	// What only tick acts on (a death, the end of a restart window or of
+	// inheriting) stays due once passed: a recompute made since (a
+	// probe's answer, a heartbeat sent or received) did not act on it,
+	// and the Tick that follows must not be skipped. Dropped, a death
+	// waited for the next deadline of another kind, up to T/2 periods.
+	forTick := func(t time.Time) {
+		if t.Before(w) {
+			w = t
+		}
+	}
 	for _, p := range m.peers {
 		if p.live {
-			earliest(p.lastHeard.Add(m.deathWindow(m.now) + 1))
+			forTick(p.lastHeard.Add(m.deathWindow(m.now) + 1))
 			earliest(p.lastHeard.Add(half))
 			earliest(p.liveSince.Add(m.period(2))) // mutual's newcomers
 			if !p.behind.IsZero() {
@@ -719,14 +730,14 @@ func (m *Machine[S]) deadline() time.Time {
 			earliest(p.probeAt.Add(m.period(m.cfg.Tolerance) + 1))
 		}
 		if p.restartMsg != nil {
-			earliest(p.restartUntil)
+			forTick(p.restartUntil)
 		}
 		if p.mayHold {
 			earliest(p.diedAt.Add(HeldGrace + 1))
 		}
 	}
 	if m.inheriting {
-		earliest(m.inheritUntil)
+		forTick(m.inheritUntil)
 	}
 	if !m.selfBehind.IsZero() {
 		earliest(m.selfBehind.Add(m.period(m.cfg.LagGrace) + 1))

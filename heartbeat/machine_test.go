@@ -768,3 +768,44 @@ func TestNeverHeardSuspectedOnlyWhenItMatters(t *testing.T) {
 		t.Errorf("no peer hears this node: node 3 not a suspect (suspects %v)", h.m.Suspects())
 	}
 }
+
+// TestDeathDueAfterAnotherRecompute: a peer's death is declared by the
+// first Tick past its deadline even when something else recomputed after
+// the deadline passed and before that Tick (a probe's answer handled late,
+// a heartbeat sent): the recompute does not declare deaths, and the Tick
+// that follows was skipped as having nothing due, so the death waited for
+// the next deadline of another kind (here 2 periods).
+func TestDeathDueAfterAnotherRecompute(t *testing.T) {
+	for _, late := range []string{"probe answer", "heartbeat sent"} {
+		t.Run(late, func(t *testing.T) {
+			h := newHarness(t, 1, 2, 3, 4)
+			h.m.DeferRecompute(true) // as the agent runs it
+			for _, id := range []uint32{2, 3, 4} {
+				h.recv(at(0), h.hb(id, 1, 2, 3, 4))
+			}
+			// Peers 2 and 4 keep sending every period; 3 is silent after 0.
+			for i := 1; i <= 6; i++ {
+				h.recv(at(float64(i)), h.hb(2, 1, 2, 3, 4))
+				h.recv(at(float64(i)), h.hb(4, 1, 2, 3, 4))
+				h.runTo(at(float64(i)))
+			}
+			if !h.m.peers[3].live {
+				t.Fatal("peer 3 dead before its T periods of silence")
+			}
+			// Past the death deadline (T=6 periods after 0), something
+			// recomputes before the agent's next Tick.
+			now := at(6.5)
+			switch late {
+			case "probe answer":
+				h.m.Probe(now, 3, ProbeSilent)
+			case "heartbeat sent":
+				h.sent = h.m.Outgoing(now).Seq
+			}
+			h.m.Tick(now)
+			if h.m.peers[3].live {
+				t.Fatalf("peer 3 still live at %v after the Tick, silent since 0 (death window %v); due %v",
+					now.Sub(t0), h.m.deathWindow(now), h.m.due.Sub(t0))
+			}
+		})
+	}
+}
