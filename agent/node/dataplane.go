@@ -500,13 +500,12 @@ func (r *reconciler) followPrev(now time.Time, s *Snap) {
 		r.prev, r.prevUntil = nil, time.Time{}
 		return
 	}
-	if last.Config != s.fcfg && len(s.fcfg.Remapped(last.Config)) > 0 {
-		r.prev, r.prevUntil = last, time.Time{}
+	if last.Config != s.fcfg {
+		r.prev, r.prevUntil = nil, time.Time{}
+		if len(s.fcfg.Remapped(last.Config)) > 0 {
+			r.prev = last
+		}
 	}
-	// Rules that map every flow as the last ones did (another rules
-	// index: a request retried, a weight, a node registered or stopped)
-	// leave Prev as it is: it still says which SYNs this node took, and
-	// letting it go before the view converges left them without a taker.
 	if r.prev == nil {
 		return
 	}
