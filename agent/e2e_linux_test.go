@@ -146,6 +146,11 @@ func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	o.Binary, o.Base = shoalBin, t.TempDir()
+	if dir := os.Getenv("SHOAL_TEST_LOGS"); dir != "" && o.KeepLogs == "" {
+		// A failed test's logs, whole (SHOAL_LOG_LEVEL=debug: each step
+		// of a handoff), kept by the lab's Down.
+		o.KeepLogs = filepath.Join(dir, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+	}
 	l, err := lab.Up(ctx, o)
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
@@ -156,30 +161,16 @@ func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 				if p.Role == "agent" {
 					b, _ := os.ReadFile(p.Log)
 					t.Logf("%s agent log (tail):\n%s", p.Host, tailString(string(b), 3000))
-					if dir := os.Getenv("SHOAL_TEST_LOGS"); dir != "" {
-						keepLog(t, dir, p.Host, b)
-					}
 				}
 			}
+		} else {
+			l.KeepLogs = ""
 		}
 		if err := l.Down(context.Background()); err != nil {
 			t.Errorf("lab down: %v", err)
 		}
 	})
 	return l
-}
-
-// keepLog copies a failed test's agent log into dir (SHOAL_TEST_LOGS; with
-// SHOAL_LOG_LEVEL=debug the agents log each step of a handoff).
-func keepLog(t *testing.T, dir, host string, b []byte) {
-	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "-" + host + ".log"
-	err := os.MkdirAll(dir, 0o755)
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, name), b, 0o644)
-	}
-	if err != nil {
-		t.Logf("keep %s's log: %v", host, err)
-	}
 }
 
 func tailString(s string, n int) string {
