@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 		Self:    a.self, Log: log, Link: link, Rules: a.store,
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
 		Dataplane:   dp, MAC: h.MAC, Scan: track.Scan, Health: a.healthy, RenewLease: xdp.RenewLease,
-		Neighbors: func() map[netip.Addr]net.HardwareAddr { return host.NeighborMACs(cfg.Interface, log) },
+		Neighbors: host.NewNeighbors(func() map[netip.Addr]net.HardwareAddr { return host.NeighborMACs(cfg.Interface, log) }).MAC,
 		Forward:   forwarding(cfg, log),
 		OnRules: func(st *rules.State) {
 			h.SetVIPs(st.VIPs, st.Settings.MACMode)

@@ -1,9 +1,6 @@
 package heartbeat
 
-import (
-	"math/bits"
-	"slices"
-)
+import "slices"
 
 // NumBuckets is the number of buckets per rule; bucket numbers are 0..4095.
 const NumBuckets = 4096
@@ -41,36 +38,6 @@ func (b Buckets) Has(id uint32, k uint16) bool {
 	return ok
 }
 
-// Union returns the buckets in any of the sets, as a new Buckets.
-func Union(sets ...Buckets) Buckets {
-	out := Buckets{}
-	var maps map[uint32]*[NumBuckets / 64]uint64
-	for _, s := range sets {
-		for id, l := range s {
-			if len(l) == 0 {
-				continue
-			}
-			if maps == nil {
-				maps = map[uint32]*[NumBuckets / 64]uint64{}
-			}
-			m := maps[id]
-			if m == nil {
-				m = new([NumBuckets / 64]uint64)
-				maps[id] = m
-			}
-			for _, k := range l {
-				if k < NumBuckets {
-					m[k/64] |= 1 << (k % 64)
-				}
-			}
-		}
-	}
-	for id, m := range maps {
-		out[id] = bitmapList(m)
-	}
-	return out
-}
-
 // valid reports whether every rule's list is sorted, unique and in range.
 func (b Buckets) valid() bool {
 	for _, l := range b {
@@ -81,15 +48,4 @@ func (b Buckets) valid() bool {
 		}
 	}
 	return true
-}
-
-func bitmapList(m *[NumBuckets / 64]uint64) []uint16 {
-	var l []uint16
-	for w, word := range m {
-		for word != 0 {
-			l = append(l, uint16(w*64+bits.TrailingZeros64(word)))
-			word &= word - 1
-		}
-	}
-	return l
 }

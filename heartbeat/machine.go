@@ -88,9 +88,8 @@ type Status[S any] struct {
 	RestartAcked bool
 	// Accept is the accepting set: the buckets where this node takes new
 	// connections. It is shared with the Machine and must not be modified.
-	Accept        S
-	Peers         []PeerStatus // every registered peer, sorted by id
-	PeersDraining Buckets      // union of the live peers' draining buckets
+	Accept S
+	Peers  []PeerStatus // every registered peer, sorted by id (their draining buckets: Draining of the live ones)
 	// Suspects are the peers to probe through a second channel (a TCP
 	// connection to the peer API) and report with Machine.Probe.
 	Suspects []uint32
@@ -1152,7 +1151,6 @@ func (m *Machine[S]) Status() Status[S] {
 		Inheriting: m.inheriting, RestartAcked: m.RestartAcked(),
 		Period: m.cfg.Period, Tolerance: m.cfg.Tolerance,
 	}
-	var draining []Buckets
 	for _, id := range m.ids {
 		p := m.peers[id]
 		ps := PeerStatus{ID: id, Eligible: m.view.Has(id), Suspect: p.suspect, MayHold: p.mayHold}
@@ -1166,13 +1164,9 @@ func (m *Machine[S]) Status() Status[S] {
 			if a, ok := ackOf(p.msg.Acks, m.cfg.Self); ok && a.Incarnation == m.cfg.Incarnation {
 				ps.Hears = true
 			}
-			if p.live {
-				draining = append(draining, p.msg.Draining)
-			}
 		}
 		st.Peers = append(st.Peers, ps)
 	}
-	st.PeersDraining = Union(draining...)
 	return st
 }
 

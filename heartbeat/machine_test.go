@@ -530,14 +530,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestUnionBuckets(t *testing.T) {
-	got := Union(Buckets{1: {3, 1000}}, Buckets{1: {2, 3}, 2: {4095}}, nil)
-	want := Buckets{1: {2, 3, 1000}, 2: {4095}}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("Union (-want +got):\n%s", diff)
-	}
-}
-
 // TestReturningPeerDropsNoMember: a peer that comes back after a silence
 // (node 3, as after a stall) is heard by this node before another
 // member's heartbeat can acknowledge it. That member (node 1) hears

@@ -46,10 +46,10 @@ type reconciler struct {
 	onPush   func(s *Snap)
 	finish   func(ctx context.Context) error
 	now      func() time.Time
-	// neighbors returns the MACs the host knows for its neighbours'
-	// addresses (the peers' heartbeat addresses among them): the MACs
-	// SYNs are handed over to. Nil: no hand-over.
-	neighbors func() map[netip.Addr]net.HardwareAddr
+	// neighbors returns the MAC the host knows for a neighbour's address
+	// (the peers' heartbeat addresses among them): the MACs SYNs are
+	// handed over to. Nil: no hand-over.
+	neighbors func(netip.Addr) net.HardwareAddr
 	// fwd completes routed mode's tables with forwarding; nil: the node
 	// keeps whatever the routers send it (plain ECMP).
 	fwd *forwarder
@@ -80,7 +80,7 @@ type reconciler struct {
 	lastLog     time.Time
 	suppressed  int
 	stopAsked   time.Time
-	assign      filter.Assigner // owners of the view's buckets, for hand-overs
+	assign      *sharedAssigner // owners of the view's buckets, for hand-overs: membership's, whose lazy sets this goroutine computes
 	released    filter.Set      // buckets handView's change released: SYNs there are handed over
 	handView    heartbeat.View  // the view released belongs to
 	handUntil   time.Time       // when released is cleared (zero: the view has not converged)
@@ -122,7 +122,8 @@ const (
 func newReconciler(self filter.NodeID, log *slog.Logger, dp Dataplane, mac func() net.HardwareAddr, trk *track.Tracker,
 	in *mailbox.Box[*Snap], out *mailbox.Box[pushReport]) *reconciler {
 	r := &reconciler{self: self, log: log, dp: dp, mac: mac, trk: trk, in: in, out: out, wake: make(chan struct{}, 1),
-		announce: func() {}, onPush: func(*Snap) {}, finish: func(context.Context) error { return nil }, now: time.Now, healthy: true}
+		announce: func() {}, onPush: func(*Snap) {}, finish: func(context.Context) error { return nil }, now: time.Now, healthy: true,
+		assign: &sharedAssigner{}}
 	r.pub.Store(&dataSnap{healthy: true})
 	return r
 }
@@ -172,7 +173,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 		return r.wakeIn(now)
 	}
 	t0 := r.now()
-	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
+	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers)
 	r.followPrev(now, s)
 	keep := r.keeping(now, s, accept.Buckets)
 	if len(keep) > 0 {
@@ -243,7 +244,7 @@ func (r *reconciler) reconcile(ctx context.Context, now time.Time) time.Duration
 	if forwards {
 		// Routed: the packets this node does not take go to the node that
 		// does (docs/ROUTED.md).
-		r.fwd.complete(s, r.self, p.tables, &r.assign)
+		r.fwd.complete(s, r.self, p.tables, r.assign)
 	}
 	t2 := r.now()
 	// Tables the kernel already holds need no push (a view that moves
@@ -411,7 +412,7 @@ func (r *reconciler) handOver(now time.Time, s *Snap, t *filter.Tables, accept f
 	if len(r.released) == 0 && s.hb.Converged && r.prev == nil {
 		return h
 	}
-	owners := r.assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+	owners := r.assign.assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
 	h.owners = owners
 	if !s.hb.Converged {
 		for id, own := range owners.Rules {
@@ -453,8 +454,7 @@ type hands struct {
 	t         *filter.Tables
 	rs        *rules.State
 	owners    *filter.Owners // the owners of the view's buckets; nil: none computed
-	neighbors func() map[netip.Addr]net.HardwareAddr
-	macs      map[netip.Addr]net.HardwareAddr
+	neighbors func(netip.Addr) net.HardwareAddr
 	byNode    map[filter.NodeID]uint8
 }
 
@@ -465,12 +465,12 @@ func (h *hands) index(o filter.NodeID) uint8 {
 		return i
 	}
 	if h.byNode == nil {
-		h.byNode, h.macs = map[filter.NodeID]uint8{}, h.neighbors()
+		h.byNode = map[filter.NodeID]uint8{}
 	}
 	if len(h.byNode)+1 >= filter.HandKeep {
 		return 0
 	}
-	mac := peerMAC(h.rs, o, h.macs)
+	mac := peerMAC(h.rs, o, h.neighbors)
 	if mac == nil {
 		h.byNode[o] = 0
 		return 0
@@ -585,7 +585,7 @@ func (r *reconciler) keeping(now time.Time, s *Snap, accept filter.Set) filter.S
 				continue
 			}
 			if owners == nil {
-				owners = r.assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+				owners = r.assign.assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
 			}
 			own := owners.Rules[id]
 			if own == nil {
@@ -650,7 +650,7 @@ func handCount(t *filter.Tables) int {
 }
 
 // peerMAC returns node id's MAC from macs, by its heartbeat address, or nil.
-func peerMAC(rs *rules.State, id filter.NodeID, macs map[netip.Addr]net.HardwareAddr) net.HardwareAddr {
+func peerMAC(rs *rules.State, id filter.NodeID, neighbors func(netip.Addr) net.HardwareAddr) net.HardwareAddr {
 	n := rs.Node(id)
 	if n == nil {
 		return nil
@@ -659,7 +659,7 @@ func peerMAC(rs *rules.State, id filter.NodeID, macs map[netip.Addr]net.Hardware
 	if err != nil {
 		return nil
 	}
-	if mac := macs[ap.Addr().Unmap()]; len(mac) == 6 {
+	if mac := neighbors(ap.Addr().Unmap()); len(mac) == 6 {
 		return mac
 	}
 	return nil
@@ -708,7 +708,7 @@ func (r *reconciler) kernel() kernelState {
 	if s == nil {
 		return kernelState{}
 	}
-	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers, s.hb.PeersDraining)
+	accept, dirty := s.hb.Accept.get(), peersDraining(s.fcfg, s.rs.Index, s.hb.Peers)
 	if s.hb.Inheriting {
 		accept, dirty = accept.Intersect(everything(s.fcfg)), union(dirty, s.inheritedDirty)
 	}

@@ -50,12 +50,12 @@ type forwarder struct {
 //
 // owners come from the reconciler's assigner, which the hand-overs of the
 // same view ask too.
-func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables, assign *filter.Assigner) {
+func (f *forwarder) complete(s *Snap, self filter.NodeID, t *filter.Tables, assign *sharedAssigner) {
 	me := NodeAddr(s.rs, self)
 	if !me.IsValid() || s.plugged {
 		return
 	}
-	owners := assign.Assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
+	owners := assign.assign(s.fcfg, nodeIDs(s.hb.View.Eligible))
 	if !s.hb.View.Equal(f.view) || f.cfg != s.fcfg {
 		// A view that moves no bucket (another rules index: a request
 		// retried, a node's info) keeps the owners before the last move.

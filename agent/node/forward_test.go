@@ -116,7 +116,7 @@ func TestForwardRemembersTheLastOwnersThroughViewsThatMoveNothing(t *testing.T) 
 			return out
 		},
 	}}
-	var assign filter.Assigner
+	assign := &sharedAssigner{}
 	snap := func(index uint64, eligible ...uint32) *Snap {
 		rs := st.Clone()
 		rs.Index = index
@@ -129,15 +129,15 @@ func TestForwardRemembersTheLastOwnersThroughViewsThatMoveNothing(t *testing.T) 
 	}
 	complete := func(s *Snap) *filter.Tables {
 		tb := &filter.Tables{Config: s.fcfg, Routed: true}
-		f.complete(s, 3, tb, &assign)
+		f.complete(s, 3, tb, assign)
 		return tb
 	}
 	complete(snap(1, 1, 2))
 	joined := complete(snap(2, 1, 2, 3))
 	again := complete(snap(3, 1, 2, 3))
-	before := assign.Assign(snap(1, 1, 2).fcfg, []filter.NodeID{1, 2})
+	before := assign.assign(snap(1, 1, 2).fcfg, []filter.NodeID{1, 2})
 	mine, kept := 0, 0
-	for b, o := range assign.Assign(snap(3, 1, 2, 3).fcfg, []filter.NodeID{1, 2, 3}).Rules[1] {
+	for b, o := range assign.assign(snap(3, 1, 2, 3).fcfg, []filter.NodeID{1, 2, 3}).Rules[1] {
 		if o != 3 {
 			continue
 		}

@@ -48,10 +48,11 @@ type Config struct {
 	RenewLease func(d time.Duration) error
 	Finish     func(ctx context.Context) error // propose this node stopped once a drain ends
 	Announce   func()                          // gratuitous ARP after a view change
-	// Neighbors returns the MACs the host knows for its neighbours' addresses,
-	// the peers' heartbeat addresses among them: released buckets' SYNs are
-	// handed over to their new owners' MACs. Nil: no hand-over.
-	Neighbors func() map[netip.Addr]net.HardwareAddr
+	// Neighbors returns the MAC the host knows for a neighbour's address
+	// (nil: none), the peers' heartbeat addresses among them: released
+	// buckets' SYNs are handed over to their new owners' MACs. Nil: no
+	// hand-over.
+	Neighbors func(netip.Addr) net.HardwareAddr
 	// Forward turns routed mode's forwarding on (docs/ROUTED.md); nil:
 	// in routed mode the node keeps whatever the routers send it.
 	Forward *Forwarding
@@ -85,6 +86,7 @@ func New(c Config) (*Node, error) {
 	}
 	trk := track.New(c.Scan, c.Log)
 	rec := newReconciler(c.Self, c.Log, c.Dataplane, c.MAC, trk, mem.toDP, mem.reports)
+	rec.assign = mem.assigner
 	if c.Finish != nil {
 		rec.finish = c.Finish
 	}

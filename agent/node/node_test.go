@@ -176,12 +176,11 @@ func (c *testCluster) start(i int) *testNode {
 	}
 	n, err := New(Config{Self: tn.id, Incarnation: testIncarnation, Log: log, Link: tn.link, Rules: c.rules,
 		Dataplane: tn.dp, MAC: func() net.HardwareAddr { return testMAC(i) },
-		Neighbors: func() map[netip.Addr]net.HardwareAddr {
-			out := map[netip.Addr]net.HardwareAddr{}
-			for j := range c.nodes {
-				out[netip.AddrFrom4([4]byte{127, 0, 0, byte(j + 1)})] = testMAC(j + 1)
+		Neighbors: func(a netip.Addr) net.HardwareAddr {
+			if b := a.As4(); a.Is4() && b[0] == 127 && b[1] == 0 && b[2] == 0 && int(b[3]) >= 1 && int(b[3]) <= len(c.nodes) {
+				return testMAC(int(b[3]))
 			}
-			return out
+			return nil
 		},
 		Scan: func([]netip.Addr) ([]track.Conn, error) {
 			tn.scans.Add(1)

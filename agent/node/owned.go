@@ -31,15 +31,26 @@ func lazyIntersect(a, b *lazySet) *lazySet {
 	return &lazySet{f: func() filter.Grant { return a.get().Intersect(b.get()) }}
 }
 
-// sharedAssigner is a filter.Assigner for the goroutines that compute lazy
-// sets (the reconciler; tests). Membership never takes its lock.
+// sharedAssigner is the node's one filter.Assigner, for the goroutines
+// that compute lazy sets and tables (the reconciler; tests, and the APIs
+// after the reconciler stopped). Membership never takes its lock. One,
+// because the Assigner remembers the tables of its last call: the
+// reconciler's own, for hand-overs, computed every new rule's table a
+// second time in each node (perf record of rule changes in a 32-node lab:
+// the two halves of the agents' assignment work, equal).
 type sharedAssigner struct {
 	mu sync.Mutex
 	a  filter.Assigner
 }
 
-func (s *sharedAssigner) owned(cfg *filter.Config, eligible []filter.NodeID, self filter.NodeID) filter.Grant {
+// assign is filter.Assigner.Assign; the owners it returns must not be
+// modified.
+func (s *sharedAssigner) assign(cfg *filter.Config, eligible []filter.NodeID) *filter.Owners {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.a.Assign(cfg, eligible).Grant(self)
+	return s.a.Assign(cfg, eligible)
+}
+
+func (s *sharedAssigner) owned(cfg *filter.Config, eligible []filter.NodeID, self filter.NodeID) filter.Grant {
+	return s.assign(cfg, eligible).Grant(self)
 }

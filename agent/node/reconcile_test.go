@@ -69,7 +69,8 @@ func TestBucketsWireRoundTrip(t *testing.T) {
 	s.Add(0, 0)
 	s.Add(1, 4095)
 	s.Add(1, 17)
-	back := fromHeartbeat(toHeartbeat(s))
+	back := filter.Set{}
+	addBuckets(back, toHeartbeat(s))
 	if !back.Equal(s) {
 		t.Errorf("round trip lost buckets: %v -> %v", s, back)
 	}
@@ -78,17 +79,21 @@ func TestBucketsWireRoundTrip(t *testing.T) {
 // TestPeersDraining checks that a live peer on another rules index makes
 // every bucket dirty (its announcements are in other coordinates), and so
 // does a peer that may still serve its connections (a stalled agent), and
-// that otherwise the peers' announcements are taken as they are.
+// that otherwise the live peers' announcements are taken together as they
+// are, and a dead peer's are not.
 func TestPeersDraining(t *testing.T) {
 	cfg := &filter.Config{Rules: []filter.Rule{{ID: 4, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP}}}
-	union := heartbeat.Buckets{4: {9}}
+	// Every case has node 5, live on index 10, draining bucket 9.
+	five := heartbeat.PeerStatus{ID: 5, Live: true, RulesIndex: 10, Draining: heartbeat.Buckets{4: {9}}}
 	tests := []struct {
 		name      string
 		peers     []heartbeat.PeerStatus
 		wantCount int
 	}{
 		{"same index", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}}, 1},
+		{"two live peers drain", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10, Draining: heartbeat.Buckets{4: {9, 4095}}}}, 2},
 		{"dead peer on an old index", []heartbeat.PeerStatus{{ID: 2, RulesIndex: 9}}, 1},
+		{"dead peer's announcement", []heartbeat.PeerStatus{{ID: 2, RulesIndex: 10, Draining: heartbeat.Buckets{4: {10}}}}, 1},
 		{"live peer behind", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}, {ID: 3, Live: true, RulesIndex: 9}}, 2 * filter.NumBuckets},
 		{"live peer ahead", []heartbeat.PeerStatus{{ID: 3, Live: true, RulesIndex: 11}}, 2 * filter.NumBuckets},
 		{"dead peer that may hold connections", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}, {ID: 3, RulesIndex: 10, MayHold: true}}, 2 * filter.NumBuckets},
@@ -96,7 +101,7 @@ func TestPeersDraining(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := peersDraining(cfg, 10, tc.peers, union)
+			got := peersDraining(cfg, 10, append(tc.peers, five))
 			if got.Count() != tc.wantCount || !got.Has(4, 9) {
 				t.Errorf("%d dirty buckets (bucket 9 of rule 4: %v), want %d", got.Count(), got.Has(4, 9), tc.wantCount)
 			}
