@@ -49,6 +49,26 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodeRemap is BenchmarkDecode for a heartbeat sent through a
+// rule change that remaps flows: two rules' every bucket draining (sent
+// as bitmaps).
+func BenchmarkDecodeRemap(b *testing.B) {
+	msg := benchMessage()
+	all := make([]uint16, NumBuckets)
+	for i := range all {
+		all[i] = uint16(i)
+	}
+	msg.Draining = Buckets{1: all, 2: all}
+	wire, _ := Encode(msg, simRing)
+	b.SetBytes(int64(len(wire)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(wire, simRing, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkSHA256Baseline is a bare SHA-256 of a heartbeat's size: the
 // floor the codec is compared with.
 func BenchmarkSHA256Baseline(b *testing.B) {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"time"
 )
@@ -368,11 +369,8 @@ func Decode(b []byte, kr *Keyring, clusterID uint32) (*Message, error) {
 				return nil, fmt.Errorf("%w: draining buckets of rule %d must be sorted, unique and below %d", ErrMalformed, id, NumBuckets)
 			}
 		case formBitmap:
-			bm := r.bytes(bitmapBytes)
-			for k := range NumBuckets {
-				if bm != nil && bm[k/8]&(1<<(k%8)) != 0 {
-					l = append(l, uint16(k))
-				}
+			if bm := r.bytes(bitmapBytes); bm != nil {
+				l = bitmapBuckets(bm)
 			}
 			if len(l) == 0 {
 				return nil, fmt.Errorf("%w: empty draining bitmap of rule %d", ErrMalformed, id)
@@ -409,6 +407,28 @@ func Decode(b []byte, kr *Keyring, clusterID uint32) (*Message, error) {
 		return nil, fmt.Errorf("%w: %d bytes after the body", ErrMalformed, r.left())
 	}
 	return msg, nil
+}
+
+// bitmapBuckets lists the buckets set in a draining bitmap (bucket k is
+// bit k%8 of byte k/8), in one allocation of the right size: a rule
+// change that remaps flows sends every bucket of a rule this way, and the
+// list grown bucket by bucket made such a heartbeat's decoding 8x that of
+// one at rest (BenchmarkDecodeRemap).
+func bitmapBuckets(bm []byte) []uint16 {
+	n := 0
+	for i := 0; i+8 <= len(bm); i += 8 {
+		n += bits.OnesCount64(binary.LittleEndian.Uint64(bm[i:]))
+	}
+	if n == 0 {
+		return nil
+	}
+	l := make([]uint16, 0, n)
+	for i := 0; i+8 <= len(bm); i += 8 {
+		for w := binary.LittleEndian.Uint64(bm[i:]); w != 0; w &= w - 1 {
+			l = append(l, uint16(8*i+bits.TrailingZeros64(w)))
+		}
+	}
+	return l
 }
 
 // reader reads big-endian fields; past the end it returns zeros and sets bad.

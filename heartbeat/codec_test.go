@@ -57,10 +57,19 @@ func TestCodecRoundTrip(t *testing.T) {
 // TestDrainingForm checks the compact form: a list while it is smaller
 // than the 512-byte bitmap, the bitmap past that.
 func TestDrainingForm(t *testing.T) {
-	for _, n := range []int{1, 255, 256, 4096} {
-		l := make([]uint16, n)
+	// n buckets from 0 on; -n: n buckets spread over every 64-bit word
+	// of the bitmap (1, 4, 7, ...) and the last one.
+	for _, n := range []int{1, 255, 256, 4096, -1300} {
+		l := make([]uint16, max(n, -n))
 		for i := range l {
 			l[i] = uint16(i)
+		}
+		if n < 0 {
+			n = -n
+			for i := range n - 1 {
+				l[i] = uint16(3*i + 1)
+			}
+			l[n-1] = NumBuckets - 1
 		}
 		b, err := Encode(&Message{ClusterID: 1, Node: 1, Draining: Buckets{5: l}}, simRing)
 		if err != nil {
