@@ -649,7 +649,8 @@ func handCount(t *filter.Tables) int {
 	return n
 }
 
-// peerMAC returns node id's MAC from macs, by its heartbeat address, or nil.
+// peerMAC returns node id's MAC from the neighbour table, by its heartbeat
+// address, or nil.
 func peerMAC(rs *rules.State, id filter.NodeID, neighbors func(netip.Addr) net.HardwareAddr) net.HardwareAddr {
 	n := rs.Node(id)
 	if n == nil {
