@@ -92,6 +92,8 @@ func TestPeersDraining(t *testing.T) {
 	}{
 		{"same index", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}}, 1},
 		{"two live peers drain", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10, Draining: heartbeat.Buckets{4: {9, 4095}}}}, 2},
+		{"the second list adds to the first", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10, Draining: heartbeat.Buckets{4: {10}}}}, 2},
+		{"a peer drains every bucket", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10, Draining: heartbeat.Buckets{4: everyBucket()}}}, filter.NumBuckets},
 		{"dead peer on an old index", []heartbeat.PeerStatus{{ID: 2, RulesIndex: 9}}, 1},
 		{"dead peer's announcement", []heartbeat.PeerStatus{{ID: 2, RulesIndex: 10, Draining: heartbeat.Buckets{4: {10}}}}, 1},
 		{"live peer behind", []heartbeat.PeerStatus{{ID: 2, Live: true, RulesIndex: 10}, {ID: 3, Live: true, RulesIndex: 9}}, 2 * filter.NumBuckets},
@@ -224,5 +226,36 @@ func TestHandoffPushesNothingTwice(t *testing.T) {
 	}
 	if n := dp.updates.Load() - updates; n != 1 {
 		t.Errorf("node 1 pushed %d tables from node 2's leaving to its acquisition, want 1 (the acquisition)", n)
+	}
+}
+
+func everyBucket() []uint16 {
+	l := make([]uint16, filter.NumBuckets)
+	for i := range l {
+		l[i] = uint16(i)
+	}
+	return l
+}
+
+// BenchmarkPeersDrainingRemap is peersDraining through a remap of a
+// 32-node cluster: every live peer drains every bucket of two rules but
+// its own share.
+func BenchmarkPeersDrainingRemap(b *testing.B) {
+	cfg := &filter.Config{Rules: []filter.Rule{{ID: 1, PortLo: 80, PortHi: 80, Proto: filter.ProtoTCP}, {ID: 2, PortLo: 443, PortHi: 443, Proto: filter.ProtoTCP}}}
+	var peers []heartbeat.PeerStatus
+	for id := uint32(2); id <= 32; id++ {
+		var l []uint16
+		for k := range uint16(filter.NumBuckets) {
+			if uint32(k)%32 != id-1 {
+				l = append(l, k)
+			}
+		}
+		peers = append(peers, heartbeat.PeerStatus{ID: id, Live: true, RulesIndex: 10, Draining: heartbeat.Buckets{1: l, 2: l}})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if got := peersDraining(cfg, 10, peers); got.Count() != 2*filter.NumBuckets {
+			b.Fatalf("%d buckets, want %d", got.Count(), 2*filter.NumBuckets)
+		}
 	}
 }
