@@ -32,8 +32,8 @@ func lazyIntersect(a, b *lazySet) *lazySet {
 }
 
 // sharedAssigner is the node's one filter.Assigner, for the goroutines
-// that compute lazy sets and tables (the reconciler; tests, and the APIs
-// after the reconciler stopped). Membership never takes its lock. One,
+// that compute lazy sets and tables (the reconciler; Held, for a restart
+// record, once the reconciler stopped; tests). Membership never takes its lock. One,
 // because the Assigner remembers the tables of its last call: the
 // reconciler's own, for hand-overs, computed every new rule's table a
 // second time in each node (perf record of rule changes in a 32-node lab:
