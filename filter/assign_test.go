@@ -557,3 +557,60 @@ func BenchmarkNewTables(b *testing.B) {
 		NewTables(c, 1, accept, peers, mine)
 	}
 }
+
+// TestOwnersOnlyGainWhenOthersLeave: with the same config, a node that
+// stays eligible while others leave the eligible set keeps every bucket it
+// owned, in every rule (multiple-host of any weights, single-host, the
+// default rule, rules and nodes draining). Membership advertises a view
+// that only drops nodes before its tables are pushed on this property
+// (agent/node, grows): the tables in the kernel then accept nothing the
+// new view gives another node. Random configs, random chains of
+// departures, through Assign and through one Assigner (kept splits).
+func TestOwnersOnlyGainWhenOthersLeave(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for trial := 0; trial < 25; trial++ {
+		n := 2 + rng.IntN(24)
+		c := testConfig(make([]int, n)...)
+		c.Rules = append(c.Rules,
+			Rule{ID: 2, PortLo: 443, PortHi: 443, Proto: ProtoTCP, Mode: ModeSingle},
+			Rule{ID: 3, PortLo: 53, PortHi: 53, Proto: ProtoUDP, Mode: ModeMultiple, Affinity: AffinitySingle})
+		for i := range c.Nodes {
+			nd := &c.Nodes[i]
+			nd.HostPriority = 1 + rng.IntN(2*n)
+			nd.Rules[1] = NodeRule{Weight: rng.IntN(101)}
+			nd.Rules[2] = NodeRule{Weight: 50, HandlingPriority: 1 + rng.IntN(2*n)}
+			r3 := NodeRule{Weight: 1 + rng.IntN(100)}
+			if rng.IntN(8) == 0 {
+				r3.State = RuleDraining
+			}
+			nd.Rules[3] = r3
+		}
+		var a Assigner
+		up := ids(n)
+		prev, prevA := Assign(c, up), a.Assign(c, up)
+		for len(up) > 1 {
+			for k := 1 + rng.IntN(min(3, len(up)-1)); k > 0; k-- {
+				i := rng.IntN(len(up))
+				up = slices.Delete(up, i, i+1)
+			}
+			next, nextA := Assign(c, up), a.Assign(c, up)
+			for _, id := range up {
+				for _, pair := range [][2]*Owners{{prev, next}, {prevA, nextA}} {
+					before, after := pair[0].Owned(id), pair[1].Owned(id)
+					for rid, set := range before {
+						kept := after[rid]
+						if kept == nil {
+							kept = new(Bitmap)
+						}
+						for w := range set {
+							if lost := set[w] &^ kept[w]; lost != 0 {
+								t.Fatalf("trial %d: node %d lost buckets %#x of word %d, rule %d, when eligible went to %v", trial, id, lost, w, rid, up)
+							}
+						}
+					}
+				}
+			}
+			prev, prevA = next, nextA
+		}
+	}
+}
