@@ -164,13 +164,15 @@ func Run(ctx context.Context, cfg *config.Config) (err error) {
 		a.hc.AssumeHealthy()
 	}
 	eligible := false // as the host was last told, from OnPush's goroutine
+	// The neighbour table, for hand-overs' and forwarding's MACs.
+	neigh := host.NewNeighbors(func() map[netip.Addr]net.HardwareAddr { return host.NeighborMACs(cfg.Interface, log) })
 	a.node, err = node.New(node.Config{
 		Inherit: inherit,
 		Self:    a.self, Log: log, Link: link, Rules: a.store,
 		Incarnation: func() (uint64, error) { return heartbeat.LoadIncarnation(cfg.DataDir) },
 		Dataplane:   dp, MAC: h.MAC, Scan: track.Scan, Health: a.healthy, RenewLease: xdp.RenewLease,
-		Neighbors: host.NewNeighbors(func() map[netip.Addr]net.HardwareAddr { return host.NeighborMACs(cfg.Interface, log) }).MAC,
-		Forward:   forwarding(cfg, log),
+		Neighbors: neigh.MAC,
+		Forward:   forwarding(cfg, neigh),
 		OnRules: func(st *rules.State) {
 			h.SetVIPs(st.VIPs, st.Settings.MACMode)
 			self, peers := a.heartbeatAllow(st)
@@ -442,14 +444,14 @@ func (a *Agent) heartbeatAllow(st *rules.State) (netip.AddrPort, []netip.AddrPor
 
 // forwarding is what routed mode's forwarding needs of the host, nil when
 // the configuration turns it off.
-func forwarding(cfg *config.Config, log *slog.Logger) *node.Forwarding {
+func forwarding(cfg *config.Config, neigh *host.Neighbors) *node.Forwarding {
 	if cfg.BGP.NoForward {
 		return nil
 	}
 	return &node.Forwarding{
 		MTU: func() int { return host.LinkMTU(cfg.Interface) },
 		NextHops: func(addrs []netip.Addr) map[netip.Addr]net.HardwareAddr {
-			return host.NextHopMACs(cfg.Interface, addrs, log)
+			return host.NextHopMACs(addrs, neigh.MAC)
 		},
 	}
 }

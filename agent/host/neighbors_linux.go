@@ -36,12 +36,11 @@ func NeighborMACs(ifname string, log *slog.Logger) map[netip.Addr]net.HardwareAd
 }
 
 // NextHopMACs returns, for each address, the MAC a packet to it leaves
-// ifname with: its own neighbour entry's, or, when the route to it goes
-// through a gateway, the gateway's. Addresses whose MAC is not known are
-// missing (the peers' heartbeats keep their entries known). Errors are
-// logged and give none.
-func NextHopMACs(ifname string, addrs []netip.Addr, log *slog.Logger) map[netip.Addr]net.HardwareAddr {
-	neigh := NeighborMACs(ifname, log)
+// with: its own neighbour entry's, or, when the route to it goes through a
+// gateway, the gateway's, as neigh answers (Neighbors.MAC: the table read
+// at most once a second, not once for every push). Addresses whose MAC is
+// not known are missing (the peers' heartbeats keep their entries known).
+func NextHopMACs(addrs []netip.Addr, neigh func(netip.Addr) net.HardwareAddr) map[netip.Addr]net.HardwareAddr {
 	out := make(map[netip.Addr]net.HardwareAddr, len(addrs))
 	for _, a := range addrs {
 		routes, err := netlink.RouteGet(a.AsSlice())
@@ -52,7 +51,7 @@ func NextHopMACs(ifname string, addrs []netip.Addr, log *slog.Logger) map[netip.
 		if gw, ok := netip.AddrFromSlice(routes[0].Gw); ok && gw.IsValid() && !gw.IsUnspecified() {
 			hop = gw.Unmap()
 		}
-		if mac := neigh[hop]; mac != nil {
+		if mac := neigh(hop); mac != nil {
 			out[a] = mac
 		}
 	}
