@@ -44,6 +44,7 @@ type Assigner struct {
 	split, nextSplit map[string]*splits
 	mapsOf           *Config // the config maps was computed from
 	maps             map[RuleID]*Mapping
+	scratch          scratch
 }
 
 // Assign is Assign with memory. The tables it returns are shared with later
@@ -168,6 +169,9 @@ func assignRule(c *Config, r *Rule, elig map[NodeID]bool, a *Assigner) ruleTable
 		all[b] = uint16(b)
 	}
 	s := splitter{seed: c.Seed ^ uint32(r.ID)*0x9e3779b9, owners: t}
+	if a != nil {
+		s.scratch = &a.scratch
+	}
 	if a == nil || len(cands) == 0 {
 		s.spread(all, cands)
 		return ruleTable{t: t}
@@ -211,10 +215,9 @@ type candidate struct {
 }
 
 type splitter struct {
-	seed   uint32
-	owners *[NumBuckets]NodeID
-	keys   []uint64
-	tmp    []uint64 // radixSort's
+	seed    uint32
+	owners  *[NumBuckets]NodeID
+	scratch *scratch // nil: group allocates its own
 }
 
 // spread gives each bucket in buckets to a candidate, in proportion to the
@@ -235,34 +238,110 @@ func (s *splitter) spread(buckets []uint16, cands []candidate) {
 // bucket to the candidate that scores it highest while that one has room:
 // the groups, by candidate. It does not look at who takes traffic, and
 // leaves buckets alone.
+//
+// The split walks every (bucket, candidate) pair from the highest score
+// down and gives the bucket to the candidate if neither is done. Most pairs
+// are of a bucket already taken or a candidate already full by the time the
+// walk reaches them, and stay so: the pairs are cut into 256 bands by their
+// score's top byte (one counting pass, one scatter), and each band, as the
+// walk reaches it, is first rid of such pairs and then sorted. A full
+// sort of every pair made a new rule cost each node of 64 about 14 ms and
+// 12.7 MB of garbage; all 64 at once on a lab's two cores set off a storm
+// of late heartbeats and false deaths (docs/BENCHMARKS-LOG.md).
 func (s *splitter) group(buckets []uint16, cands []candidate) [][]uint16 {
 	quota := apportion(len(buckets), cands, func(ci int) uint32 {
 		// Ties in rounding go by a hash of the group, so that the extra
 		// buckets of many small groups do not all fall to one node.
 		return Hash(s.seed, uint32(buckets[0])|1<<16, uint32(cands[ci].id))
 	})
-	// Every (bucket, candidate) pair, highest score first; a bucket goes to
-	// the first candidate that still has room.
-	s.keys = s.keys[:0]
+	// Every (bucket, candidate) pair as a key that sorts by score, then
+	// bucket, then candidate; counted by band.
+	// A score is Hash(seed, bucket, candidate): the bucket's round of the
+	// hash is the same for every candidate, and is done once.
+	var first [NumBuckets]uint32
+	for i, b := range buckets {
+		first[i] = murmurRound(s.seed, uint32(b))
+	}
+	n := len(buckets) * len(cands)
+	keys := s.scratch.keys(n)
+	var count [256]int
+	i := 0
 	for ci, cd := range cands {
-		for _, b := range buckets {
-			score := Hash(s.seed, uint32(b), uint32(cd.id))
-			s.keys = append(s.keys, uint64(score)<<32|uint64(b)<<16|uint64(ci))
+		for j, b := range buckets {
+			score := finish(murmurRound(first[j], uint32(cd.id)), 2)
+			keys[i] = uint64(score)<<32 | uint64(b)<<16 | uint64(ci)
+			count[score>>24]++
+			i++
 		}
 	}
-	s.tmp = radixSort(s.keys, s.tmp)
+	var start, next [256]int
+	pos := 0
+	for d, c := range count {
+		start[d], next[d] = pos, pos
+		pos += c
+	}
+	banded := s.scratch.banded(n)
+	for _, k := range keys {
+		d := k >> 56
+		banded[next[d]] = k
+		next[d]++
+	}
 	var taken [NumBuckets / 64]uint64
 	groups := make([][]uint16, len(cands))
-	for i := len(s.keys) - 1; i >= 0; i-- {
-		k := s.keys[i]
+	left := len(buckets)
+	done := func(k uint64) bool {
 		b, ci := uint16(k>>16), int(k&0xffff)
-		if taken[b/64]&(1<<(b%64)) != 0 || len(groups[ci]) == quota[ci] {
-			continue
+		return taken[b/64]&(1<<(b%64)) != 0 || len(groups[ci]) == quota[ci]
+	}
+	for d := 255; d >= 0 && left > 0; d-- {
+		// A pair whose bucket is taken or whose candidate is full stays
+		// so: drop those before sorting. Past the first bands, that is
+		// nearly every pair, and the walk's tail (the last buckets, left
+		// to the few candidates with room) sorts only what it can use.
+		band := banded[start[d] : start[d]+count[d]]
+		live := band[:0]
+		for _, k := range band {
+			if !done(k) {
+				live = append(live, k)
+			}
 		}
-		taken[b/64] |= 1 << (b % 64)
-		groups[ci] = append(groups[ci], b)
+		slices.Sort(live)
+		for j := len(live) - 1; j >= 0 && left > 0; j-- {
+			k := live[j]
+			if done(k) {
+				continue
+			}
+			b, ci := uint16(k>>16), int(k&0xffff)
+			taken[b/64] |= 1 << (b % 64)
+			groups[ci] = append(groups[ci], b)
+			left--
+		}
 	}
 	return groups
+}
+
+// scratch is group's working memory, kept by an Assigner from one split to
+// the next: at 64 nodes two arrays of 262,144 keys.
+type scratch struct {
+	k, b []uint64
+}
+
+// keys returns n keys' room, reused when a is not nil.
+func (a *scratch) keys(n int) []uint64 {
+	if a == nil {
+		return make([]uint64, n)
+	}
+	a.k = slices.Grow(a.k[:0], n)[:n]
+	return a.k
+}
+
+// banded is keys for the second array.
+func (a *scratch) banded(n int) []uint64 {
+	if a == nil {
+		return make([]uint64, n)
+	}
+	a.b = slices.Grow(a.b[:0], n)[:n]
+	return a.b
 }
 
 // place gives each candidate that takes traffic its group, and spreads
@@ -351,44 +430,4 @@ func apportion(n int, cands []candidate, tie func(int) uint32) []int {
 		quota[order[i]]++
 	}
 	return quota
-}
-
-// radixSort sorts keys in place, as slices.Sort does, in linear time: a
-// least significant digit radix sort, a byte at a time, skipping the bytes
-// every key shares. spread sorts one key per bucket and candidate (262,144
-// at 64 nodes), and a comparison sort made assigning a view's tables the
-// most of a big cluster's work on a view change: 21 ms per rule at 64 nodes
-// (BenchmarkAssign). It returns the scratch buffer to reuse.
-func radixSort(keys, tmp []uint64) []uint64 {
-	if len(keys) < 256 {
-		slices.Sort(keys)
-		return tmp
-	}
-	tmp = slices.Grow(tmp[:0], len(keys))[:len(keys)]
-	src, dst := keys, tmp
-	var count [256]int
-	for shift := uint(0); shift < 64; shift += 8 {
-		count = [256]int{}
-		for _, k := range src {
-			count[byte(k>>shift)]++
-		}
-		if count[byte(src[0]>>shift)] == len(src) {
-			continue // every key has this byte
-		}
-		pos := 0
-		for i, c := range count {
-			count[i] = pos
-			pos += c
-		}
-		for _, k := range src {
-			d := byte(k >> shift)
-			dst[count[d]] = k
-			count[d]++
-		}
-		src, dst = dst, src
-	}
-	if &src[0] != &keys[0] {
-		copy(keys, src)
-	}
-	return tmp
 }

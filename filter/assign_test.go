@@ -358,32 +358,71 @@ func BenchmarkAssignFewEligible(b *testing.B) {
 	}
 }
 
-// TestRadixSort: the same order as slices.Sort, for keys shaped like
-// spread's (score, bucket, candidate) and for random ones, short and long.
-func TestRadixSort(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	var tmp []uint64
-	for _, n := range []int{0, 1, 255, 256, 1000, 4096 * 3} {
-		for _, shaped := range []bool{false, true} {
-			keys := make([]uint64, n)
-			for i := range keys {
-				if shaped {
-					keys[i] = uint64(rng.Uint32())<<32 | uint64(rng.IntN(NumBuckets))<<16 | uint64(rng.IntN(64))
-				} else {
-					keys[i] = rng.Uint64()
+// TestGroupMatchesFullWalk: group, which sorts only the bands of scores
+// its walk reaches, splits exactly as a walk over every (bucket, candidate)
+// pair sorted at once (the definition every node and every release must
+// agree on), for random buckets, candidates and weights, with its scratch
+// reused across calls of every size and without one.
+func TestGroupMatchesFullWalk(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 4096))
+	var kept scratch
+	for round := range 300 {
+		nc := 1 + rng.IntN(80)
+		cands := make([]candidate, nc)
+		for i := range cands {
+			w := DefaultWeight
+			if round%2 == 1 {
+				w = 1 + rng.IntN(100)
+			}
+			cands[i] = candidate{id: NodeID(1 + rng.IntN(1000)*100 + i), weight: w, takes: rng.IntN(2) == 0}
+		}
+		nb := 1 + rng.IntN(NumBuckets)
+		if round%3 == 0 {
+			nb = NumBuckets
+		}
+		buckets := make([]uint16, 0, nb)
+		for _, b := range rng.Perm(NumBuckets)[:nb] {
+			buckets = append(buckets, uint16(b))
+		}
+		seed := rng.Uint32()
+		want := fullWalk(seed, buckets, cands)
+		for _, sc := range []*scratch{nil, &kept} {
+			s := splitter{seed: seed, scratch: sc}
+			got := s.group(buckets, cands)
+			for ci := range cands {
+				if !slices.Equal(got[ci], want[ci]) {
+					t.Fatalf("round %d (%d buckets, %d candidates, scratch %v): candidate %d's group differs from the full walk:\n got %v\nwant %v",
+						round, nb, nc, sc != nil, ci, got[ci], want[ci])
 				}
-			}
-			if n > 10 {
-				keys[3] = keys[7] // duplicates
-			}
-			want := slices.Clone(keys)
-			slices.Sort(want)
-			tmp = radixSort(keys, tmp)
-			if !slices.Equal(keys, want) {
-				t.Errorf("n %d shaped %v: radix order differs from slices.Sort", n, shaped)
 			}
 		}
 	}
+}
+
+// fullWalk is group's definition: every pair scored, all sorted, walked
+// from the highest score down.
+func fullWalk(seed uint32, buckets []uint16, cands []candidate) [][]uint16 {
+	quota := apportion(len(buckets), cands, func(ci int) uint32 {
+		return Hash(seed, uint32(buckets[0])|1<<16, uint32(cands[ci].id))
+	})
+	var keys []uint64
+	for ci, cd := range cands {
+		for _, b := range buckets {
+			keys = append(keys, uint64(Hash(seed, uint32(b), uint32(cd.id)))<<32|uint64(b)<<16|uint64(ci))
+		}
+	}
+	slices.Sort(keys)
+	taken := map[uint16]bool{}
+	groups := make([][]uint16, len(cands))
+	for i := len(keys) - 1; i >= 0; i-- {
+		b, ci := uint16(keys[i]>>16), int(keys[i]&0xffff)
+		if taken[b] || len(groups[ci]) == quota[ci] {
+			continue
+		}
+		taken[b] = true
+		groups[ci] = append(groups[ci], b)
+	}
+	return groups
 }
 
 // TestAssignerSplitMatchesAssign: an Assigner, which keeps each rule's
@@ -612,5 +651,26 @@ func TestOwnersOnlyGainWhenOthersLeave(t *testing.T) {
 			}
 			prev, prevA = next, nextA
 		}
+	}
+}
+
+// BenchmarkAssignerWeightChange64: an Assigner at 64 nodes when one node's
+// weight on the rule changes, as a rule added or reweighted: the rule's
+// split is made afresh (every bucket scored for every candidate).
+func BenchmarkAssignerWeightChange64(b *testing.B) {
+	w := make([]int, 64)
+	for i := range w {
+		w[i] = DefaultWeight
+	}
+	c := testConfig(w...)
+	all := ids(64)
+	var a Assigner
+	a.Assign(c, all)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		c.Nodes[0].Rules[1] = NodeRule{Weight: 1 + i%100}
+		a.Assign(c, all)
 	}
 }

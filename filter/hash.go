@@ -28,7 +28,12 @@ func HashWords(seed uint32, w []uint32) uint32 {
 	for _, k := range w {
 		h = murmurRound(h, k)
 	}
-	h ^= uint32(4 * len(w))
+	return finish(h, len(w))
+}
+
+// finish is HashWords' last step, after the rounds of n words.
+func finish(h uint32, n int) uint32 {
+	h ^= uint32(4 * n)
 	h ^= h >> 16
 	h *= 0x85ebca6b
 	h ^= h >> 13
