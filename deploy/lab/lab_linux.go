@@ -666,7 +666,7 @@ func (l *Lab) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		return CoverFull(st, RuleIDs(st))
 	}); err != nil {
-		return fmt.Errorf("lab: the default rule did not reach every node: %w", err)
+		return fmt.Errorf("lab: the default rule did not reach every node: %w%s", err, overloaded())
 	}
 	if l.Router != nil {
 		// Stable for 2 s: a node's first BGP session can flap once as its
