@@ -69,6 +69,27 @@ func BenchmarkDecodeRemap(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodeRemapKept is BenchmarkDecodeRemap as the transport
+// decodes: the sender's bitmaps the same as in its heartbeat before
+// (bitmapCache).
+func BenchmarkDecodeRemapKept(b *testing.B) {
+	msg := benchMessage()
+	all := make([]uint16, NumBuckets)
+	for i := range all {
+		all[i] = uint16(i)
+	}
+	msg.Draining = Buckets{1: all, 2: all}
+	wire, _ := Encode(msg, simRing)
+	var kept bitmapCache
+	b.SetBytes(int64(len(wire)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decode(wire, simRing, 1, &kept); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkSHA256Baseline is a bare SHA-256 of a heartbeat's size: the
 // floor the codec is compared with.
 func BenchmarkSHA256Baseline(b *testing.B) {

@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -85,6 +87,88 @@ func TestDrainingForm(t *testing.T) {
 		}
 		if diff := cmp.Diff(l, got.Draining[5]); diff != "" {
 			t.Errorf("%d buckets (-want +got):\n%s", n, diff)
+		}
+	}
+}
+
+// TestDrainingBitmapsKept: decoded with a bitmapCache, as the transport
+// does, a stream of heartbeats from several senders whose draining
+// bitmaps change, repeat and move between rules gives every message the
+// lists a plain Decode gives; a repeated bitmap from the same sender and
+// rule comes back as the same list, a changed one never as the old list;
+// the cache stays within its bound.
+func TestDrainingBitmapsKept(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 4096))
+	bitmapOf := func(density int) []uint16 {
+		var l []uint16
+		for k := range NumBuckets {
+			if rng.IntN(100) < density {
+				l = append(l, uint16(k))
+			}
+		}
+		if len(l) < 300 { // the list form below that: not a bitmap
+			return nil
+		}
+		return l
+	}
+	sets := [][]uint16{bitmapOf(100), bitmapOf(50), bitmapOf(30), bitmapOf(90)}
+	var kept bitmapCache
+	last := map[bitmapKey][]uint16{}
+	shared := 0
+	for i := range 2000 {
+		node := uint32(1 + rng.IntN(5))
+		d := Buckets{}
+		for _, rule := range []uint32{1, 2, 9} {
+			if rng.IntN(3) > 0 {
+				d[rule] = sets[rng.IntN(len(sets))]
+			}
+		}
+		wire, err := Encode(&Message{ClusterID: 1, Node: node, Seq: uint64(i + 1), Draining: d}, simRing)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain, err := Decode(wire, simRing, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decode(wire, simRing, 1, &kept)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Draining.Equal(plain.Draining) || len(got.Draining) != len(plain.Draining) {
+			t.Fatalf("message %d from node %d: kept decode's draining differs from Decode's", i, node)
+		}
+		for rule, l := range got.Draining {
+			if diff := cmp.Diff(plain.Draining[rule], l); diff != "" {
+				t.Fatalf("message %d, node %d, rule %d (-plain +kept):\n%s", i, node, rule, diff)
+			}
+			k := bitmapKey{node, rule}
+			prev := last[k]
+			same := len(prev) > 0 && &prev[0] == &l[0]
+			switch {
+			case same && !slices.Equal(prev, d[rule]):
+				t.Fatalf("message %d, node %d, rule %d: a changed bitmap came back as the old list", i, node, rule)
+			case same:
+				shared++
+			}
+			last[k] = l
+		}
+		if len(kept.m) > maxCachedBitmaps {
+			t.Fatalf("%d bitmaps kept, the bound is %d", len(kept.m), maxCachedBitmaps)
+		}
+	}
+	if shared == 0 {
+		t.Fatal("no repeated bitmap was served from the cache")
+	}
+	// Past the bound, it starts afresh and still decodes right.
+	for n := range maxCachedBitmaps + 10 {
+		wire, _ := Encode(&Message{ClusterID: 1, Node: uint32(100 + n), Seq: 1, Draining: Buckets{1: sets[0]}}, simRing)
+		got, err := decode(wire, simRing, 1, &kept)
+		if err != nil || !slices.Equal(got.Draining[1], sets[0]) {
+			t.Fatalf("sender %d past the bound: %v", 100+n, err)
+		}
+		if len(kept.m) > maxCachedBitmaps {
+			t.Fatalf("%d bitmaps kept, the bound is %d", len(kept.m), maxCachedBitmaps)
 		}
 	}
 }

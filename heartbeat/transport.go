@@ -40,8 +40,9 @@ type Transport struct {
 	conn      atomic.Pointer[net.PacketConn]
 	clusterID uint32
 	keys      atomic.Pointer[Keyring]
-	rbuf      []byte  // Receive's
-	batch     batcher // Send's
+	rbuf      []byte      // Receive's
+	drained   bitmapCache // Receive's: the draining bitmaps senders sent before
+	batch     batcher     // Send's
 
 	// mu orders the socket's replacement against Close and the receive
 	// deadline, so neither is lost on the socket being replaced.
@@ -233,7 +234,7 @@ func (t *Transport) ReceiveQueued() (*Message, netip.AddrPort, bool) {
 func (t *Transport) decode(n int) (*Message, bool) {
 	t.received.Add(1)
 	t.receivedBytes.Add(uint64(n))
-	msg, err := Decode(t.rbuf[:n], t.keys.Load(), t.clusterID)
+	msg, err := decode(t.rbuf[:n], t.keys.Load(), t.clusterID, &t.drained)
 	if err != nil {
 		t.Reject(ReasonOf(err))
 		return nil, false
