@@ -254,14 +254,14 @@ func (s *splitter) group(buckets []uint16, cands []candidate) [][]uint16 {
 		// buckets of many small groups do not all fall to one node.
 		return Hash(s.seed, uint32(buckets[0])|1<<16, uint32(cands[ci].id))
 	})
-	// Every (bucket, candidate) pair as a key that sorts by score, then
-	// bucket, then candidate; counted by band.
 	// A score is Hash(seed, bucket, candidate): the bucket's round of the
 	// hash is the same for every candidate, and is done once.
 	var first [NumBuckets]uint32
 	for i, b := range buckets {
 		first[i] = murmurRound(s.seed, uint32(b))
 	}
+	// Every (bucket, candidate) pair as a key that sorts by score, then
+	// bucket, then candidate; counted by band.
 	n := len(buckets) * len(cands)
 	keys := s.scratch.keys(n)
 	var count [256]int
@@ -326,22 +326,23 @@ type scratch struct {
 	k, b []uint64
 }
 
-// keys returns n keys' room, reused when a is not nil.
-func (a *scratch) keys(n int) []uint64 {
-	if a == nil {
+// keys returns room for n keys: the first array, or a new one for a nil
+// scratch.
+func (sc *scratch) keys(n int) []uint64 {
+	if sc == nil {
 		return make([]uint64, n)
 	}
-	a.k = slices.Grow(a.k[:0], n)[:n]
-	return a.k
+	sc.k = slices.Grow(sc.k[:0], n)[:n]
+	return sc.k
 }
 
 // banded is keys for the second array.
-func (a *scratch) banded(n int) []uint64 {
-	if a == nil {
+func (sc *scratch) banded(n int) []uint64 {
+	if sc == nil {
 		return make([]uint64, n)
 	}
-	a.b = slices.Grow(a.b[:0], n)[:n]
-	return a.b
+	sc.b = slices.Grow(sc.b[:0], n)[:n]
+	return sc.b
 }
 
 // place gives each candidate that takes traffic its group, and spreads

@@ -416,11 +416,6 @@ func decode(b []byte, kr *Keyring, clusterID uint32, drained *bitmapCache) (*Mes
 	return msg, nil
 }
 
-// bitmapBuckets lists the buckets set in a draining bitmap (bucket k is
-// bit k%8 of byte k/8), in one allocation of the right size: a rule
-// change that remaps flows sends every bucket of a rule this way, and the
-// list grown bucket by bucket made such a heartbeat's decoding 8x that of
-// one at rest (BenchmarkDecodeRemap).
 // bitmapCache remembers, per sender and rule, the last draining bitmap
 // decoded and its bucket list. Through a remap every peer sends every
 // bucket of the rule as draining, as a bitmap, in every heartbeat for as
@@ -468,6 +463,11 @@ func (c *bitmapCache) buckets(node, rule uint32, bm []byte) []uint16 {
 	return l
 }
 
+// bitmapBuckets lists the buckets set in a draining bitmap (bucket k is
+// bit k%8 of byte k/8), in one allocation of the right size: a rule
+// change that remaps flows sends every bucket of a rule this way, and the
+// list grown bucket by bucket made such a heartbeat's decoding 8x that of
+// one at rest (BenchmarkDecodeRemap).
 func bitmapBuckets(bm []byte) []uint16 {
 	n := 0
 	for i := 0; i+8 <= len(bm); i += 8 {
