@@ -600,11 +600,9 @@ func BenchmarkNewTables(b *testing.B) {
 // TestOwnersOnlyGainWhenOthersLeave: with the same config, a node that
 // stays eligible while others leave the eligible set keeps every bucket it
 // owned, in every rule (multiple-host of any weights, single-host, the
-// default rule, rules and nodes draining). Membership advertises a view
-// that only drops nodes before its tables are pushed on this property
-// (agent/node, grows): the tables in the kernel then accept nothing the
-// new view gives another node. Random configs, random chains of
-// departures, through Assign and through one Assigner (kept splits).
+// default rule, rules and nodes draining): a node that leaves moves only
+// its own buckets. Random configs, random chains of departures, through
+// Assign and through one Assigner (kept splits).
 func TestOwnersOnlyGainWhenOthersLeave(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	for trial := 0; trial < 25; trial++ {

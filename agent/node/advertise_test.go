@@ -125,59 +125,6 @@ func (f *farm) kernelAccept(i int) filter.Set {
 	return k.snap.hb.Accept.get().Buckets
 }
 
-// TestDeathAdvertisedBeforeItsTablesArePushed: when a peer dies, the
-// survivors advertise the view without it in the step that adopts it,
-// while the tables of the view before are still in the kernel (they
-// accept nothing the new view gives another node); a view that adds a
-// node is advertised only once its tables are in.
-func TestDeathAdvertisedBeforeItsTablesArePushed(t *testing.T) {
-	const period = 100 * time.Millisecond
-	const dt = period / 10
-	f := newFarm(t, nodeRules(5, 3), 3)
-	const pushDelay = 4 * dt
-	f.delay = func(int) time.Duration { return pushDelay }
-	f.start(0)
-	f.start(1)
-	for range 300 {
-		f.tick(dt)
-	}
-	f.start(2)
-	for range 200 {
-		f.tick(dt)
-	}
-	three, two := viewKey(heartbeat.View{Eligible: []uint32{1, 2, 3}, RulesIndex: 5}), viewKey(heartbeat.View{Eligible: []uint32{1, 2}, RulesIndex: 5})
-	for i := range 2 {
-		a, ad, p := f.adopted[i][three], f.adv[i][three], f.pushed[i][three]
-		if a.IsZero() || ad.IsZero() || p.IsZero() {
-			t.Fatalf("member %d: view %s adopted %v, advertised %v, pushed %v", i+1, three, a, ad, p)
-		}
-		if ad.Before(p) {
-			t.Errorf("member %d advertised the view with node 3 (a join) at %v, before its tables were in (%v)", i+1, ad.Sub(a), p.Sub(a))
-		}
-	}
-	f.running[2] = false // node 3 is pulled
-	f.adopted[0][two], f.adopted[1][two] = time.Time{}, time.Time{}
-	f.adv[0][two], f.adv[1][two], f.pushed[0][two], f.pushed[1][two] = time.Time{}, time.Time{}, time.Time{}, time.Time{}
-	for range 300 {
-		f.tick(dt)
-	}
-	for i := range 2 {
-		a, ad, p := f.adopted[i][two], f.adv[i][two], f.pushed[i][two]
-		if a.IsZero() || ad.IsZero() || p.IsZero() {
-			t.Fatalf("member %d: view %s after node 3's death adopted %v, advertised %v, pushed %v", i+1, two, a, ad, p)
-		}
-		if !ad.Equal(a) {
-			t.Errorf("member %d advertised the view without node 3 %v after adopting it (its tables were in %v after), want in the same step", i+1, ad.Sub(a), p.Sub(a))
-		}
-		if s := f.ms[i].snap.Load(); !s.hb.Converged || viewKey(s.hb.View) != two {
-			t.Errorf("member %d did not converge on %s: %v converged %v", i+1, two, s.hb.View, s.hb.Converged)
-		}
-	}
-	if n := f.kernelAccept(0).Count() + f.kernelAccept(1).Count(); n != filter.NumBuckets*2 {
-		t.Errorf("the survivors' tables accept %d buckets, want every bucket of the rule and the default rule (%d)", n, filter.NumBuckets*2)
-	}
-}
-
 // TestNoBucketInTwoKernelsWhileViewsChange: members join and die while
 // their data planes take each snapshot after a random delay; at every
 // instant the tables in the running members' kernels accept no bucket

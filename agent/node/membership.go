@@ -181,7 +181,7 @@ func (m *membership) newMachine(now time.Time) error {
 	mc, err := heartbeat.NewMachine(heartbeat.Config{
 		ClusterID: st.Settings.ClusterID, Self: uint32(m.self), Incarnation: inc,
 		Period: period, Tolerance: tolerance, HoldPeriod: hold,
-	}.WithDefaults(), now, m.owned, m.intersect)
+	}.WithDefaults(), now, m.owned, lazyIntersect)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
@@ -211,19 +211,7 @@ func (m *membership) owned(v heartbeat.View) *lazySet {
 		return &lazySet{f: func() filter.Grant { return filter.Grant{Buckets: filter.Set{}} }}
 	}
 	asg, elig, self := m.assigner, nodeIDs(v.Eligible), m.self
-	return &lazySet{f: func() filter.Grant { return asg.owned(cfg, elig, self) }, within: &v}
-}
-
-// intersect is the machine's intersection of an accepting set a with b,
-// owned(v) of a view v it adopts: a itself when v only drops nodes from a
-// view that a lies within (grows), since nothing is released; then the
-// tables in the kernel still hold the machine's accepting set, and their
-// lease is renewed through the change. Otherwise computed when read.
-func (m *membership) intersect(a, b *lazySet) *lazySet {
-	if a != nil && a.within != nil && b != nil && b.within != nil && grows(m.self, *a.within, *b.within) {
-		return a
-	}
-	return lazyIntersect(a, b)
+	return &lazySet{f: func() filter.Grant { return asg.owned(cfg, elig, self) }}
 }
 
 // applyRules feeds a new rules state to the machine: the new rules index
@@ -431,47 +419,9 @@ func (m *membership) takeReport(r pushReport) {
 }
 
 // pushed reports whether the kernel holds the tables of the machine's
-// current view.
+// current view: only then may a heartbeat advertise it.
 func (m *membership) pushed() bool {
 	return m.inKernel.ok && m.inKernel.snap.hb.View.Equal(m.machine.View())
-}
-
-// advertisable reports whether a heartbeat may advertise the machine's
-// current view: the kernel holds its tables, or the tables of a view it
-// only drops nodes from (grows) that are dead or silent for half the
-// tolerance. Those tables accept only buckets the view gives this node (a
-// kernel's tables accept within their own view's owned set, and peers
-// wait while they keep any for them: Keeping), so a peer may acquire on
-// the advertisement before they are replaced. A death is then advertised
-// as soon as it is declared, not after a push that waits for a core: in a
-// 32-node lab the survivors' advertisements came 4-205 ms after they
-// adopted the view (docs/BENCHMARKS-LOG.md, "Scaling, tenth step").
-// Not for a node dropped while it is heard (draining, leaving, lagging):
-// it hands its buckets' SYNs to their owners in the view once they
-// advertise it, and this node's tables must hold them pending by then
-// (reconciler.handOver); nor after inheriting: those tables hold the
-// previous agent's set.
-func (m *membership) advertisable(now time.Time) bool {
-	k := m.inKernel
-	if !k.ok {
-		return false
-	}
-	s := m.snap.Load() // published this step: the machine's status
-	kv, v := k.snap.hb.View, s.hb.View
-	if kv.Equal(v) {
-		return true
-	}
-	if k.snap.hb.Inheriting || !grows(m.self, kv, v) {
-		return false
-	}
-	c := m.machine.Config()
-	silent := c.Period * time.Duration(max(c.Tolerance/2, 1))
-	for _, p := range s.hb.Peers {
-		if kv.Has(p.ID) && !v.Has(p.ID) && p.Live && now.Sub(p.LastHeard) < silent {
-			return false
-		}
-	}
-	return true
 }
 
 // step advances the machine, publishes what changed, and sends a heartbeat
@@ -488,20 +438,20 @@ func (m *membership) step(now time.Time) time.Time {
 	m.checkRestart()
 	period := m.machine.Config().Period
 	due := m.machine.NextSend()
-	adv := m.advertisable(now)
-	if adv && !m.lastView.Equal(m.machine.View()) {
-		// A view no heartbeat advertised yet may be: say so now. The
-		// heartbeats sent while its tables were pushed (the previous
+	pushed := m.pushed()
+	if pushed && !m.lastView.Equal(m.machine.View()) {
+		// The tables of a view no heartbeat advertised yet are in: say so
+		// now. The heartbeats sent while they were pushed (the previous
 		// view, re-advertised) took the machine's send-at-once, so its
 		// schedule may be a period away.
 		due = now
 	}
-	if !adv && m.lastSent.Add(period).After(due) {
+	if !pushed && m.lastSent.Add(period).After(due) {
 		// A new view waits for its tables, but liveness does not: the
 		// previous advertisement goes out on the usual schedule.
 		due = m.lastSent.Add(period)
 	}
-	if m.heard && adv && due.Sub(now) <= period/2 {
+	if m.heard && pushed && due.Sub(now) <= period/2 {
 		// A peer's heartbeat woke this goroutine and ours is due within
 		// half a period: send it now instead of waking again for it. Nodes
 		// fall into step within a period, so an idle node wakes about once
@@ -511,10 +461,10 @@ func (m *membership) step(now time.Time) time.Time {
 	}
 	m.heard = false
 	if !m.plugged && !now.Before(due) {
-		m.send(now, adv)
+		m.send(now, pushed)
 	}
 	m.checkHandoff()
-	if adv {
+	if pushed {
 		return m.machine.Wake()
 	}
 	// The machine's own wake-up may be the send it cannot make yet: look
@@ -528,17 +478,14 @@ func (m *membership) step(now time.Time) time.Time {
 
 // send sends a heartbeat: the machine's, when the kernel holds its view's
 // tables; otherwise one that advertises what the kernel holds, with a fresh
-// sequence number, and the machine's view when it is advertisable.
-func (m *membership) send(now time.Time, adv bool) {
+// sequence number.
+func (m *membership) send(now time.Time, pushed bool) {
 	if !m.inKernel.ok {
 		return // nothing was ever pushed: there is nothing true to say yet
 	}
 	msg := m.machine.Outgoing(now)
-	if !m.pushed() {
+	if !pushed {
 		msg = readvertise(msg, m.inKernel)
-		if adv {
-			msg.View = m.machine.View()
-		}
 	}
 	if m.inKernel.keeping || m.compact {
 		c := *msg

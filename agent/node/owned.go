@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	"github.com/shoalnet/shoal/filter"
-	"github.com/shoalnet/shoal/heartbeat"
 )
 
 // lazySet is a grant (buckets and their mappings) computed when first read. The membership machine
@@ -18,9 +17,6 @@ type lazySet struct {
 	once sync.Once
 	f    func() filter.Grant // dropped once computed, with what it refers to
 	v    filter.Grant
-	// within, when set, is a view whose owned set holds this one: the view
-	// of owned(view), and of what was intersected with it.
-	within *heartbeat.View
 }
 
 func (l *lazySet) get() filter.Grant {
@@ -32,29 +28,7 @@ func (l *lazySet) get() filter.Grant {
 }
 
 func lazyIntersect(a, b *lazySet) *lazySet {
-	out := &lazySet{f: func() filter.Grant { return a.get().Intersect(b.get()) }}
-	if b != nil {
-		out.within = b.within
-	}
-	return out
-}
-
-// grows reports whether node self owns in view to every bucket it owns in
-// view from: to keeps from's rules and seed and self, and only drops
-// nodes. The ownership function moves only the buckets of the nodes that
-// leave (filter.TestOwnersOnlyGainWhenOthersLeave), so a view that a
-// death, a node leaving or a node lagging makes from the last one
-// releases nothing here.
-func grows(self filter.NodeID, from, to heartbeat.View) bool {
-	if from.RulesIndex != to.RulesIndex || from.Seed != to.Seed || !to.Has(uint32(self)) {
-		return false
-	}
-	for _, id := range to.Eligible {
-		if !from.Has(id) {
-			return false
-		}
-	}
-	return true
+	return &lazySet{f: func() filter.Grant { return a.get().Intersect(b.get()) }}
 }
 
 // sharedAssigner is the node's one filter.Assigner, for the goroutines
